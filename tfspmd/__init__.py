@@ -1,0 +1,45 @@
+"""tfspmd: JAX's pmap programming model for TensorFlow, on DTensor.
+
+Write the program one device sees, name the mapped axis, and use named-axis
+collectives from `tfspmd.lax`:
+
+>>> import tensorflow as tf, tfspmd
+>>> f = tfspmd.pmap(lambda x: x / tfspmd.lax.psum(x, 'i'), axis_name='i')
+>>> print(f(tf.range(4.)))
+[0.         0.16666667 0.33333334 0.5       ]
+"""
+
+from tfspmd._src import devices as _devices
+
+_devices.configure_from_environment()
+
+# pylint: disable=g-import-not-at-top,useless-import-alias
+from tfspmd import lax as lax
+from tfspmd._src.devices import Device as Device
+from tfspmd._src.devices import device_count as device_count
+from tfspmd._src.devices import devices as devices
+from tfspmd._src.devices import local_device_count as local_device_count
+from tfspmd._src.devices import local_devices as local_devices
+from tfspmd._src.devices import process_count as process_count
+from tfspmd._src.devices import process_index as process_index
+from tfspmd._src.devices import set_num_cpu_devices as set_num_cpu_devices
+from tfspmd._src.pmap import pmap as pmap
+from tfspmd._src.sharded_array import Shard as Shard
+from tfspmd._src.sharded_array import ShardedArray as ShardedArray
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Device",
+    "Shard",
+    "ShardedArray",
+    "device_count",
+    "devices",
+    "lax",
+    "local_device_count",
+    "local_devices",
+    "pmap",
+    "process_count",
+    "process_index",
+    "set_num_cpu_devices",
+]

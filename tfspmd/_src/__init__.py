@@ -1,0 +1,1 @@
+"""Private implementation of tfspmd. Nothing here is public API: import from `tfspmd`."""

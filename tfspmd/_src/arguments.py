@@ -1,0 +1,101 @@
+"""Checking and normalizing what a pmapped function is called with."""
+
+import numbers
+
+import numpy as np
+import tensorflow as tf
+
+from tfspmd._src.sharded_array import ShardedArray
+
+# Python numbers become these dtypes, as `tf.constant` would make them.
+_PYTHON_DTYPES = ((bool, np.bool_), (int, np.int32), (float, np.float32),
+                  (complex, np.complex64))
+
+
+def is_axis_spec(value):
+  """True for an axis spec leaf: an int (not a bool) or None."""
+  return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def check_axis_spec_tree(spec, name):
+  """Checks that `spec` is an axis, None, or a container of those.
+
+  Raises:
+    TypeError: Naming the first leaf that is neither an int nor None.
+  """
+  if isinstance(spec, bool):
+    raise TypeError(
+        f"{name} must be an int, None, or a container of those; got the bool "
+        f"{spec!r} (bools are not axes).")
+  if is_axis_spec(spec):
+    return
+  if isinstance(spec, (tuple, list)):
+    for child in spec:
+      check_axis_spec_tree(child, name)
+    return
+  if isinstance(spec, dict):
+    for child in spec.values():
+      check_axis_spec_tree(child, name)
+    return
+  raise TypeError(
+      f"{name} must be an int, None, or a (nested) tuple/list/dict of those; "
+      f"got {type(spec).__name__} {spec!r}.")
+
+
+def normalize_axis(axis, rank, *, spec_name, path, what="argument"):
+  """Resolves a possibly negative `axis` of a `rank`-d value, or raises."""
+  if not -rank <= axis < rank:
+    if rank == 0:
+      raise ValueError(
+          f"{spec_name} maps axis {axis} of {what} {path}, but it is a scalar "
+          f"(rank 0). Map an array with that axis, or give {spec_name}=None "
+          f"there to broadcast it.")
+    raise ValueError(
+        f"{spec_name} maps axis {axis} of {what} {path}, which has rank {rank}: "
+        f"the axis must be in [{-rank}, {rank}).")
+  return axis % rank
+
+
+def to_array_leaf(leaf, path):
+  """Returns `leaf` as a ShardedArray, tf.Tensor or NumPy array.
+
+  Raises:
+    TypeError: Naming `path`, if the leaf is not array-like or has a dtype
+      that cannot be placed on devices (strings, objects).
+  """
+  if isinstance(leaf, (ShardedArray, tf.Tensor)):
+    value = leaf
+  elif isinstance(leaf, np.ndarray):
+    value = leaf
+  elif isinstance(leaf, tf.Variable):
+    value = leaf.value()
+  elif isinstance(leaf, np.generic):
+    value = np.asarray(leaf)
+  elif isinstance(leaf, numbers.Number):
+    for python_type, dtype in _PYTHON_DTYPES:
+      if isinstance(leaf, python_type):
+        value = np.asarray(leaf, dtype=dtype)
+        break
+  else:
+    raise TypeError(
+        f"pmapped function argument {path} is a {type(leaf).__name__} "
+        f"({_short_repr(leaf)}), not an array. Pass a tf.Tensor, a NumPy array "
+        f"or a Python number, or list its position in "
+        f"static_broadcasted_argnums to pass it as a compile-time constant.")
+  try:
+    dtype = tf.as_dtype(value.dtype)
+  except TypeError:
+    dtype = None
+  if dtype is None or dtype.is_quantized or not (dtype.is_numeric or
+                                                  dtype.is_bool):
+    name = dtype.name if dtype is not None else str(value.dtype)
+    raise TypeError(
+        f"pmapped function argument {path} has dtype {name}, which "
+        f"cannot be split over devices; only numeric and bool arrays can. "
+        f"Pass it through static_broadcasted_argnums instead.")
+  return value
+
+
+def _short_repr(value):
+  text = repr(value)
+  return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,157 @@
+"""The axis environment: which named axes are bound while a program is traced.
+
+Each pmap (and vmap) level being traced pushes a `Frame` holding its axis
+name, its size and its pfor loop index. Collectives look their axis names up
+here; an unbound name is a NameError at trace time, as in JAX.
+
+A top-level pmap also opens a `TraceState` for the whole trace, where nested
+pmaps register their axes (they become further mesh dimensions) and record
+which inputs and outputs they split, so the top level can place those on the
+mesh split the same way.
+"""
+
+import contextlib
+import dataclasses
+import threading
+
+
+@dataclasses.dataclass
+class Frame:
+  """One bound axis.
+
+  Attributes:
+    name: The user's axis name (any hashable), or a private object.
+    size: The number of positions along the axis.
+    index: The pfor loop variable of this axis (a scalar int32 tensor).
+    mesh_dim: The DTensor mesh dimension of a pmap axis; None for vmap.
+  """
+  name: object
+  size: int
+  index: object
+  mesh_dim: str = None
+
+
+@dataclasses.dataclass
+class TraceState:
+  """What a top-level pmap learns while tracing its program.
+
+  Attributes:
+    mesh_axes: `(axis_name, size, mesh_dim)` of every pmap level, outermost
+      first; nested pmaps append theirs.
+    max_devices: How many devices the nested product may use.
+    origins: id(tensor) -> (tensor, leaf, axes): a per-device tensor that is
+      an input leaf with some axes mapped away; `axes` lists the original
+      axis of each remaining axis.
+    input_splits: leaf -> {original axis: mesh_dim} found by nested pmaps.
+    output_splits: id(tensor) -> (tensor, {axis: mesh_dim}) for results of
+      nested pmaps.
+  """
+  mesh_axes: list
+  max_devices: int
+  origins: dict = dataclasses.field(default_factory=dict)
+  input_splits: dict = dataclasses.field(default_factory=dict)
+  output_splits: dict = dataclasses.field(default_factory=dict)
+
+
+class _State(threading.local):
+
+  def __init__(self):
+    super().__init__()
+    self.frames = []
+    self.trace = None
+
+
+_state = _State()
+
+
+def frames():
+  """The bound axes, outermost first."""
+  return tuple(_state.frames)
+
+
+def trace_state():
+  """The `TraceState` of the top-level pmap being traced, or None."""
+  return _state.trace
+
+
+@contextlib.contextmanager
+def bound_axis(frame):
+  """Binds `frame`'s axis name while the body traces."""
+  _state.frames.append(frame)
+  try:
+    yield frame
+  finally:
+    _state.frames.pop()
+
+
+@contextlib.contextmanager
+def tracing(state):
+  """Opens the trace of a top-level pmap."""
+  saved_frames, saved_trace = _state.frames, _state.trace
+  _state.frames, _state.trace = [], state
+  try:
+    yield state
+  finally:
+    _state.frames, _state.trace = saved_frames, saved_trace
+
+
+def _describe(name):
+  return repr(name) if not isinstance(name, _PrivateAxis) else str(name)
+
+
+def unbound_axis_error(name, function):
+  bound = [_describe(frame.name) for frame in _state.frames]
+  if bound:
+    where = ("The following axis names (bound by enclosing pmaps and vmaps) "
+             f"are available: {', '.join(bound)}.")
+  else:
+    where = ("No axis is bound here: collectives run only inside a function "
+             "mapped by tfspmd.pmap or tfspmd.vmap with that axis_name.")
+  return NameError(f"{function}: unbound axis name: {_describe(name)}. {where}")
+
+
+def normalize_axis_names(axis_name, function):
+  """Checks `axis_name` (a name or a tuple of names) and returns frames.
+
+  Returns:
+    A tuple of the bound `Frame`s named, in the order given.
+
+  Raises:
+    NameError: If a name is not bound by an enclosing pmap or vmap.
+    ValueError: If a name appears twice.
+  """
+  names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  by_name = {}
+  for frame in _state.frames:
+    by_name[frame.name] = frame
+  found = []
+  for name in names:
+    try:
+      frame = by_name.get(name)
+    except TypeError:
+      raise TypeError(
+          f"{function}: `axis_name` must be hashable, got {name!r}.") from None
+    if frame is None:
+      raise unbound_axis_error(name, function)
+    if any(f is frame for f in found):
+      raise ValueError(
+          f"{function}: `axis_name` names axis {_describe(name)} twice: "
+          f"{axis_name!r}.")
+    found.append(frame)
+  return tuple(found)
+
+
+class _PrivateAxis:
+  """The axis name of a pmap given no `axis_name`: equal only to itself."""
+
+  __slots__ = ("_label",)
+
+  def __init__(self, label):
+    self._label = label
+
+  def __repr__(self):
+    return f"<unnamed axis of {self._label}>"
+
+
+def private_axis_name(label):
+  return _PrivateAxis(label)

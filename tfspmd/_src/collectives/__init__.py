@@ -1,0 +1,1 @@
+"""Named-axis collectives: one module per family, each with its transpose."""

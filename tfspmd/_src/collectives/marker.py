@@ -1,0 +1,64 @@
+"""The marker op that carries a collective through pfor.
+
+A collective emits a cheap `IdentityN` whose Python attribute
+`pfor_converter` does the cross-device work when pfor vectorizes the loop of
+the innermost bound axis: the converter sees the value stacked over that
+axis and applies one step (a sum, a gather, ...). Axes of enclosing loops
+are handled by re-emitting a marker for them from inside the converter, so
+each level of a nested pmap does its own part. Every marker also takes the
+loop index of each enclosing axis as an input: pfor only calls a converter
+when some input varies across the loop, and a collective of a constant
+(`psum(1, 'i')`) must still run.
+"""
+
+import tensorflow as tf
+
+from tfspmd._src import axis_env
+from tfspmd._src import tf_internal
+
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
+
+@_do_not_convert
+def over_axes(value, targets, step, function):
+  """Applies `step` to `value` along each axis in `targets`.
+
+  Args:
+    value: A tensor, the per-device value.
+    targets: The `Frame`s to reduce over (from `normalize_axis_names`).
+    step: `step(tensor, stacked, frame) -> (tensor, stacked)`: given the
+      value stacked over `frame`'s axis at position 0 (or unstacked, the same
+      on every position, when `stacked` is False), returns the per-position
+      result, stacked or not.
+    function: The collective's name, for error messages.
+
+  Returns:
+    The per-device result.
+  """
+  return _emit(value, axis_env.frames(), tuple(targets), step, function)
+
+
+def _emit(value, chain, targets, step, function):
+  frame = chain[-1]
+  outputs = tf.raw_ops.IdentityN(input=[value] + [f.index for f in chain])
+
+  @_do_not_convert
+  def convert(pfor_input):
+    own_index = pfor_input.input(len(chain))
+    if not own_index.is_stacked:
+      raise ValueError(
+          f"{function} over axis {frame.name!r} met a loop that is not that "
+          f"axis's (a tf.vectorized_map or tf.while_loop inside the mapped "
+          f"function?). Use tfspmd.vmap with an axis_name instead of "
+          f"tf.vectorized_map around collectives.")
+    tensor, stacked, _ = pfor_input.input(0)
+    if any(target is frame for target in targets):
+      tensor, stacked = step(tensor, stacked, frame)
+    remaining = tuple(t for t in targets if t is not frame)
+    if remaining:
+      tensor = _emit(tensor, chain[:-1], remaining, step, function)
+    return [tf_internal.wrap_converted(tensor, stacked)] + [
+        pfor_input.input(k) for k in range(1, pfor_input.num_inputs)]
+
+  tf_internal.set_pfor_converter(outputs[0].op, convert)
+  return outputs[0]

@@ -1,0 +1,83 @@
+"""psum and pmean: all-reduce over named axes.
+
+Lowering: a sum over the stacked axis, which DTensor turns into an
+all-reduce over the mesh dimension. The result is the same on every position
+of the axis, so it leaves the converter unstacked (no broadcast back).
+Transpose: the cotangent of psum is the psum of the cotangent.
+"""
+
+import tensorflow as tf
+
+from tfspmd._src import axis_env
+from tfspmd._src import tree
+from tfspmd._src.collectives import marker
+
+
+def _sum_step(tensor, stacked, frame):
+  if stacked:
+    return tf.reduce_sum(tensor, axis=0), False
+  return tensor * tf.cast(frame.size, tensor.dtype), False
+
+
+def _psum_leaf(value, targets):
+
+  @tf.custom_gradient
+  def reduce_with_transpose(x):
+    def transpose(cotangent):
+      return _psum_leaf(cotangent, targets)
+    return marker.over_axes(x, targets, _sum_step, "psum"), transpose
+
+  return reduce_with_transpose(value)
+
+
+def _map_leaves(function, x):
+  leaves, treedef = tree.flatten(x)
+  return treedef.unflatten([function(tf.convert_to_tensor(leaf))
+                            for leaf in leaves])
+
+
+def psum(x, axis_name):
+  """Sums `x` over the devices of the named axis (or axes).
+
+  Args:
+    x: A tensor or a pytree of tensors (Python numbers are converted).
+    axis_name: An axis name bound by an enclosing `pmap`/`vmap`, or a tuple
+      of such names to sum over all of them.
+
+  Returns:
+    The sum, with the structure and shapes of `x`, the same on every device
+    of the named axes. `psum(1, axis_name)` is the axis size.
+
+  Raises:
+    NameError: If an axis name is not bound by an enclosing map.
+
+  Example:
+    >>> import tensorflow as tf, tfspmd
+    >>> f = lambda x: x / tfspmd.lax.psum(x, axis_name='i')
+    >>> print(tfspmd.pmap(f, axis_name='i')(tf.range(4.)))
+    [0.         0.16666667 0.33333334 0.5       ]
+  """
+  targets = axis_env.normalize_axis_names(axis_name, "psum")
+  return _map_leaves(lambda leaf: _psum_leaf(leaf, targets), x)
+
+
+def pmean(x, axis_name):
+  """Averages `x` over the devices of the named axis (or axes).
+
+  Example:
+    >>> import tensorflow as tf, tfspmd
+    >>> print(tfspmd.pmap(lambda x: tfspmd.lax.pmean(x, 'i'), 'i')(tf.range(4.)))
+    [1.5 1.5 1.5 1.5]
+  """
+  targets = axis_env.normalize_axis_names(axis_name, "pmean")
+  count = 1
+  for frame in targets:
+    count *= frame.size
+
+  def mean(leaf):
+    total = _psum_leaf(leaf, targets)
+    if total.dtype.is_integer:
+      return tf.cast(total, tf.float32) / count
+    return total / tf.cast(count, total.dtype)
+
+  return _map_leaves(mean, x)

@@ -1,0 +1,241 @@
+"""The devices tfspmd maps over: logical CPU devices, GPUs, TPUs, processes.
+
+TensorFlow shows one CPU device unless the physical CPU is split into logical
+devices before TensorFlow creates its devices. tfspmd owns that split: set
+`TFSPMD_NUM_CPU_DEVICES` in the environment, or call `set_num_cpu_devices`
+first thing.
+"""
+
+import dataclasses
+import functools
+import os
+
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfspmd._src import tf_internal
+
+NUM_CPU_DEVICES_ENV = "TFSPMD_NUM_CPU_DEVICES"
+PLATFORMS = ("cpu", "gpu", "tpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+  """One device a pmap can run on.
+
+  Attributes:
+    id: The device's id across all processes (unique within a platform).
+    platform: 'cpu', 'gpu' or 'tpu'.
+    process_index: The process that owns the device.
+    local_id: The device's index among its process's devices of `platform`.
+    name: TensorFlow's full name of the device.
+  """
+  id: int
+  platform: str
+  process_index: int
+  local_id: int
+  name: str
+
+  @property
+  def device_kind(self):
+    return self.platform.upper()
+
+  def __repr__(self):
+    return f"Device(platform={self.platform!r}, id={self.id})"
+
+
+def set_num_cpu_devices(count):
+  """Splits the host CPU into `count` logical devices for pmap to map over.
+
+  Must run before TensorFlow creates its devices (before any op runs). Calling
+  it again with the count already in force is allowed; any other count after
+  initialization raises.
+
+  Args:
+    count: The number of logical CPU devices, a positive int.
+
+  Raises:
+    TypeError: If `count` is not an int.
+    ValueError: If `count` is less than 1.
+    RuntimeError: If TensorFlow already created its devices with another count.
+
+  Example:
+    >>> import tfspmd
+    >>> tfspmd.set_num_cpu_devices(8)  # the count already in force: allowed
+    >>> tfspmd.device_count("cpu")
+    8
+  """
+  if isinstance(count, bool) or not isinstance(count, int):
+    raise TypeError(
+        f"set_num_cpu_devices: `count` must be an int, got {type(count).__name__} "
+        f"{count!r}.")
+  if count < 1:
+    raise ValueError(f"set_num_cpu_devices: `count` must be >= 1, got {count}.")
+  physical = tf.config.list_physical_devices("CPU")[0]
+  if tf_internal.devices_initialized():
+    current = len(tf.config.list_logical_devices("CPU"))
+    if current == count:
+      return
+    raise RuntimeError(
+        f"set_num_cpu_devices({count}) came too late: TensorFlow has already "
+        f"created its devices, with {current} logical CPU device(s). Call it "
+        f"before any TensorFlow op runs, or set {NUM_CPU_DEVICES_ENV}={count} in "
+        f"the environment before starting Python.")
+  tf.config.set_logical_device_configuration(
+      physical, [tf.config.LogicalDeviceConfiguration()] * count)
+
+
+def configure_from_environment():
+  """Applies `TFSPMD_NUM_CPU_DEVICES` if it is set."""
+  value = os.environ.get(NUM_CPU_DEVICES_ENV)
+  if not value:
+    return
+  try:
+    count = int(value)
+  except ValueError:
+    raise ValueError(
+        f"{NUM_CPU_DEVICES_ENV} must be a positive integer, got {value!r}."
+    ) from None
+  set_num_cpu_devices(count)
+
+
+def resolve_backend(backend):
+  """The platform a pmap with `backend=backend` runs on: 'cpu', 'gpu' or 'tpu'.
+
+  None picks the best platform present: TPU, then GPU, then CPU.
+  """
+  present = _platforms_present()
+  if backend is None:
+    for platform in ("tpu", "gpu", "cpu"):
+      if platform in present:
+        return platform
+  if not isinstance(backend, str) or backend.lower() not in PLATFORMS:
+    raise ValueError(
+        f"`backend` must be None or one of {PLATFORMS}, got {backend!r}.")
+  platform = backend.lower()
+  if platform not in present:
+    raise RuntimeError(
+        f"backend={backend!r} was requested, but this process has no "
+        f"{platform.upper()} devices; available backends: {sorted(present)}.")
+  return platform
+
+
+@functools.lru_cache(maxsize=None)
+def _platforms_present():
+  return frozenset(
+      platform for platform in PLATFORMS
+      if tf.config.list_logical_devices(platform.upper()))
+
+
+def process_index():
+  """The index of this process among all processes (0 in a single process).
+
+  Example:
+    >>> import tfspmd
+    >>> tfspmd.process_index()
+    0
+  """
+  return dtensor.client_id()
+
+
+def process_count():
+  """The number of processes running this program together.
+
+  Example:
+    >>> import tfspmd
+    >>> tfspmd.process_count()
+    1
+  """
+  return dtensor.num_clients()
+
+
+@functools.lru_cache(maxsize=None)
+def _local_devices(platform):
+  logical = tf.config.list_logical_devices(platform.upper())
+  process = process_index()
+  count = len(logical)
+  return tuple(
+      Device(id=process * count + k, platform=platform, process_index=process,
+             local_id=k, name=_full_name(process, platform, k))
+      for k in range(count))
+
+
+def _full_name(process, platform, local_id):
+  # Logical device names lack the job and task, which DTensor meshes need.
+  return (f"/job:{dtensor.job_name()}/replica:0/task:{process}/"
+          f"device:{platform.upper()}:{local_id}")
+
+
+def local_devices(backend=None):
+  """The devices of this process, in order.
+
+  Args:
+    backend: 'cpu', 'gpu', 'tpu', or None for the default platform.
+
+  Returns:
+    A tuple of `Device`.
+
+  Example:
+    >>> import tfspmd
+    >>> tfspmd.local_devices()[:2]
+    (Device(platform='cpu', id=0), Device(platform='cpu', id=1))
+  """
+  return _local_devices(resolve_backend(backend))
+
+
+@functools.lru_cache(maxsize=None)
+def _all_devices(platform):
+  local = _local_devices(platform)
+  processes = process_count()
+  if processes == 1:
+    return local
+  count = len(local)
+  devices = []
+  for process in range(processes):
+    for k in range(count):
+      if process == process_index():
+        devices.append(local[k])
+      else:
+        devices.append(Device(id=process * count + k, platform=platform,
+                              process_index=process, local_id=k,
+                              name=_full_name(process, platform, k)))
+  return tuple(devices)
+
+
+def devices(backend=None):
+  """All devices of all processes, ordered by id.
+
+  Args:
+    backend: 'cpu', 'gpu', 'tpu', or None for the default platform.
+
+  Returns:
+    A tuple of `Device`.
+
+  Example:
+    >>> import tfspmd
+    >>> len(tfspmd.devices())
+    8
+  """
+  return _all_devices(resolve_backend(backend))
+
+
+def device_count(backend=None):
+  """The number of devices of all processes.
+
+  Example:
+    >>> import tfspmd
+    >>> tfspmd.device_count()
+    8
+  """
+  return len(devices(backend))
+
+
+def local_device_count(backend=None):
+  """The number of devices of this process.
+
+  Example:
+    >>> import tfspmd
+    >>> tfspmd.local_device_count()
+    8
+  """
+  return len(local_devices(backend))

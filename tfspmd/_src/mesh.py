@@ -1,0 +1,53 @@
+"""DTensor meshes: one mesh dimension per named axis, built once and cached."""
+
+import functools
+import re
+
+import numpy as np
+from tensorflow.experimental import dtensor
+
+from tfspmd._src import devices as devices_lib
+
+_PLAIN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
+
+
+def mesh_dim_name(axis_name, depth):
+  """The DTensor mesh dimension for the axis at nesting `depth`.
+
+  DTensor needs string dimension names without its separators, while a pmap
+  axis name can be any hashable; plain identifiers are kept (they show up in
+  DTensor's layouts and logs), anything else gets a positional name.
+  """
+  if isinstance(axis_name, str) and _PLAIN_NAME.match(axis_name) and (
+      axis_name not in (dtensor.UNSHARDED, dtensor.MATCH)):
+    return f"{axis_name}_{depth}"
+  return f"axis_{depth}"
+
+
+@functools.lru_cache(maxsize=256)
+def mesh_for_axes(dim_names, sizes, devices):
+  """The DTensor mesh with dimensions `dim_names` of `sizes` over `devices`.
+
+  Args:
+    dim_names: Tuple of mesh dimension names, outermost first.
+    sizes: Tuple of their sizes.
+    devices: Tuple of `Device`, one per mesh position in row-major order.
+
+  Returns:
+    A `dtensor.Mesh`; the same object for the same arguments.
+  """
+  count = int(np.prod(sizes))
+  if len(devices) != count:
+    raise ValueError(
+        f"a mesh of shape {dict(zip(dim_names, sizes))} needs {count} devices, "
+        f"got {len(devices)}.")
+  me = devices_lib.process_index()
+  local_positions = [p for p, d in enumerate(devices) if d.process_index == me]
+  names = [d.name for d in devices]
+  global_devices = names if devices_lib.process_count() > 1 else None
+  return dtensor.Mesh(
+      list(dim_names),
+      global_device_ids=np.arange(count).reshape(sizes),
+      local_device_ids=local_positions,
+      local_devices=[names[p] for p in local_positions],
+      global_devices=global_devices)

@@ -1,0 +1,111 @@
+"""Host data <-> DTensors on a mesh: layouts, packing, and assembling.
+
+A value's placement says which of its axes is split over which mesh
+dimension; every other axis is whole on each device. Mapped inputs are
+placed by `dtensor.pack` of per-device slices, never by copying the whole
+array to every device.
+"""
+
+import dataclasses
+import functools
+
+import numpy as np
+from tensorflow.experimental import dtensor
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """How a tensor lies on a mesh.
+
+  Attributes:
+    mesh_key: `(dim_names, sizes, devices)`, the arguments of `mesh_for_axes`.
+    spec: One entry per tensor axis: the mesh dimension it is split over, or
+      None where every device holds the whole axis.
+  """
+  mesh_key: tuple
+  spec: tuple
+
+  @functools.cached_property
+  def mesh(self):
+    from tfspmd._src import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+    return mesh_lib.mesh_for_axes(*self.mesh_key)
+
+  @functools.cached_property
+  def layout(self):
+    specs = [dtensor.UNSHARDED if dim is None else dim for dim in self.spec]
+    return dtensor.Layout(specs, self.mesh)
+
+  @property
+  def devices(self):
+    return self.mesh_key[2]
+
+  @functools.cached_property
+  def local_blocks(self):
+    """For each local device, in mesh order: `(device, index)` of its block.
+
+    `index` is a tuple with one entry per tensor axis: the block number along
+    a split axis, None along a whole one.
+    """
+    dim_names, sizes, devices = self.mesh_key
+    position_of = {name: k for k, name in enumerate(dim_names)}
+    blocks = []
+    for position in self.mesh.local_device_ids():
+      coordinate = np.unravel_index(position, sizes)
+      index = tuple(None if dim is None else int(coordinate[position_of[dim]])
+                    for dim in self.spec)
+      blocks.append((devices[position], index))
+    return tuple(blocks)
+
+  def counts(self):
+    """The number of blocks along each tensor axis."""
+    dim_names, sizes, _ = self.mesh_key
+    size_of = dict(zip(dim_names, sizes))
+    return tuple(1 if dim is None else size_of[dim] for dim in self.spec)
+
+
+def block_slices(index, shape, counts):
+  """NumPy index of the block `index` of an array of `shape` split `counts` ways."""
+  slices = []
+  for block, extent, count in zip(index, shape, counts):
+    if block is None:
+      slices.append(slice(None))
+    else:
+      step = extent // count
+      slices.append(slice(block * step, (block + 1) * step))
+  return tuple(slices)
+
+
+def pack_host_array(array, placement):
+  """Places the NumPy `array` on the mesh, each device getting its block."""
+  counts = placement.counts()
+  components = [array[block_slices(index, array.shape, counts)]
+                for _, index in placement.local_blocks]
+  return dtensor.pack(components, placement.layout)
+
+
+def repack(value, placement):
+  """Moves a DTensor's per-device components onto `placement`'s layout.
+
+  Only valid when each local device of `placement` already holds exactly the
+  block it needs (the same split over the same devices, under another mesh).
+  """
+  return dtensor.pack(dtensor.unpack(value), placement.layout)
+
+
+def assemble(value, placement, global_shape, dtype):
+  """Gathers a DTensor's local blocks into one NumPy array of `global_shape`.
+
+  In a multi-process run only this process's blocks are filled in.
+  """
+  components = dtensor.unpack(value)
+  if not any(dim is not None for dim in placement.spec):
+    return components[0].numpy()
+  out = np.empty(global_shape, dtype=dtype)
+  counts = placement.counts()
+  seen = set()
+  for (_, index), component in zip(placement.local_blocks, components):
+    if index in seen:
+      continue
+    seen.add(index)
+    out[block_slices(index, global_shape, counts)] = component.numpy()
+  return out

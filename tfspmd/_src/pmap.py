@@ -1,0 +1,587 @@
+"""pmap: the pipeline of one call, top to bottom, and its trace cache.
+
+A call at the top level (not inside another pmap's trace):
+  1. split off static arguments, flatten the rest (`tree`);
+  2. expand in_axes over the leaves, find the mapped size and check it;
+  3. look up the traced program for this call's signature, or trace it:
+     the per-device function vectorized over the axis by pfor, inside one
+     `tf.function(jit_compile=True)`; nested pmaps met while tracing add
+     mesh dimensions;
+  4. place each input on the program's mesh (`placement`), run, wrap the
+     results as `ShardedArray`s.
+A call inside another pmap's trace vectorizes over one more axis in place.
+"""
+
+import dataclasses
+import functools
+import inspect
+import threading
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfspmd._src import arguments
+from tfspmd._src import axis_env
+from tfspmd._src import devices as devices_lib
+from tfspmd._src import mesh as mesh_lib
+from tfspmd._src import placement as placement_lib
+from tfspmd._src import tree
+from tfspmd._src import vectorize
+from tfspmd._src.sharded_array import ShardedArray
+
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
+
+@dataclasses.dataclass
+class _Program:
+  """A traced program and how its inputs and outputs lie on the mesh."""
+  function: object
+  input_placements: tuple
+  output_placements: tuple
+  output_shapes: tuple
+  output_dtypes: tuple
+  output_treedef: object
+  mesh: object
+
+
+@functools.lru_cache(maxsize=4096)
+def _placement(mesh_key, spec):
+  """Interned `Placement`s, so equal placements compare by identity."""
+  return placement_lib.Placement(mesh_key, spec)
+
+
+def _argnums(value, name):
+  if value is None:
+    return ()
+  if isinstance(value, int) and not isinstance(value, bool):
+    return (value,)
+  try:
+    nums = tuple(value)
+  except TypeError:
+    raise TypeError(
+        f"{name} must be an int or a collection of ints, got {value!r}."
+    ) from None
+  for num in nums:
+    if isinstance(num, bool) or not isinstance(num, int):
+      raise TypeError(
+          f"{name} must be an int or a collection of ints, got {value!r}.")
+  return nums
+
+
+class PmappedFunction:
+  """The callable `pmap` returns; call it like the function it maps."""
+
+  def __init__(self, fun, axis_name, in_axes, out_axes,
+               static_broadcasted_argnums, devices, backend, axis_size,
+               donate_argnums):
+    if not callable(fun):
+      raise TypeError(f"pmap: `fun` must be callable, got {fun!r}.")
+    if isinstance(in_axes, list):
+      in_axes = tuple(in_axes)
+    arguments.check_axis_spec_tree(in_axes, "in_axes")
+    arguments.check_axis_spec_tree(out_axes, "out_axes")
+    self._static_argnums = _argnums(static_broadcasted_argnums,
+                                    "static_broadcasted_argnums")
+    self._donate_argnums = _argnums(donate_argnums, "donate_argnums")
+    overlap = set(self._static_argnums) & set(self._donate_argnums)
+    if overlap:
+      raise ValueError(
+          f"pmap: arguments {sorted(overlap)} are both static "
+          f"(static_broadcasted_argnums) and donated (donate_argnums); a "
+          f"static argument has no buffer to donate.")
+    if axis_size is not None and (isinstance(axis_size, bool) or
+                                  not isinstance(axis_size, int) or
+                                  axis_size < 1):
+      raise ValueError(
+          f"pmap: `axis_size` must be a positive int or None, got "
+          f"{axis_size!r}.")
+    if axis_name is None:
+      axis_name = axis_env.private_axis_name(
+          getattr(fun, "__name__", type(fun).__name__))
+    else:
+      try:
+        hash(axis_name)
+      except TypeError:
+        raise TypeError(
+            f"pmap: `axis_name` must be hashable, got {axis_name!r}.") from None
+    self._fun = fun
+    self._axis_name = axis_name
+    self._in_axes = in_axes
+    self._out_axes = out_axes
+    self._devices = _check_devices(devices, backend)
+    self._backend = backend
+    self._axis_size = axis_size
+    self._programs = {}
+    self._lock = threading.Lock()
+    functools.update_wrapper(self, fun, updated=())
+
+  def __repr__(self):
+    return f"<pmap of {self._fun!r} over axis {self._axis_name!r}>"
+
+  def __get__(self, instance, owner):
+    if instance is None:
+      return self
+    return functools.partial(self, instance)
+
+  # --- the call ----------------------------------------------------------
+
+  def __call__(self, *args, **kwargs):
+    if axis_env.trace_state() is not None:
+      return self._call_nested(args, kwargs)
+    static_positions = self._static_positions(len(args))
+    statics = self._statics(args, static_positions)
+    dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
+    leaves, treedef = tree.flatten((dynamic, kwargs))
+    in_axes = self._leaf_in_axes(treedef, args, static_positions, dynamic,
+                                 kwargs)
+    paths = None
+    values, signature = [], []
+    for k, leaf in enumerate(leaves):
+      if isinstance(leaf, ShardedArray):
+        leaf._check_alive()  # pylint: disable=protected-access
+        values.append(leaf)
+        signature.append((leaf.placement, tuple(leaf.shape), leaf.dtype))
+        continue
+      if not isinstance(leaf, (tf.Tensor, np.ndarray)):
+        if paths is None:
+          paths = self._paths(args, static_positions, kwargs)
+        leaf = arguments.to_array_leaf(leaf, paths[k])
+      elif isinstance(leaf, np.ndarray) and leaf.dtype.kind not in "biufc":
+        if paths is None:
+          paths = self._paths(args, static_positions, kwargs)
+        leaf = arguments.to_array_leaf(leaf, paths[k])
+      values.append(leaf)
+      signature.append((None, tuple(leaf.shape), tf.as_dtype(leaf.dtype)))
+    key = (treedef, statics, tuple(signature))
+    program = self._programs.get(key)
+    if program is None:
+      program = self._trace(key, args, static_positions, statics, dynamic,
+                            kwargs, values, in_axes)
+    placed = [self._place(value, placement, k, args, static_positions, kwargs)
+              for k, (value, placement) in enumerate(
+                  zip(values, program.input_placements))]
+    if placed:
+      outputs = program.function(*placed)
+    else:
+      with dtensor.run_on(program.mesh):
+        outputs = program.function()
+    results = [ShardedArray(value, placement, shape, dtype)
+               for value, placement, shape, dtype in zip(
+                   outputs, program.output_placements, program.output_shapes,
+                   program.output_dtypes)]
+    if self._donate_argnums:
+      self._delete_donated(args, results)
+    return program.output_treedef.unflatten(results)
+
+  def _static_positions(self, count):
+    if not self._static_argnums:
+      return frozenset()
+    positions = set()
+    for num in self._static_argnums:
+      position = num + count if num < 0 else num
+      if not 0 <= position < count:
+        raise ValueError(
+            f"pmapped function has static_broadcasted_argnums="
+            f"{self._static_argnums}, but was called with only {count} "
+            f"positional argument(s). Pass every static argument "
+            f"positionally.")
+      positions.add(position)
+    return frozenset(positions)
+
+  def _statics(self, args, static_positions):
+    statics = []
+    for position in sorted(static_positions):
+      value = args[position]
+      try:
+        hash(value)
+      except TypeError as e:
+        raise ValueError(
+            f"static argument args[{position}] of the pmapped function is not "
+            f"hashable: {type(value).__name__} {value!r} ({e}). Static "
+            f"arguments must be hashable (a tuple instead of a list, for "
+            f"example) because each value gets its own trace.") from None
+      statics.append((position, value))
+    return tuple(statics)
+
+  def _leaf_in_axes(self, treedef, args, static_positions, dynamic, kwargs):
+    cache_key = ("in_axes", treedef, len(args), static_positions)
+    cached = self._programs.get(cache_key)
+    if cached is not None:
+      return cached
+    in_axes = self._in_axes
+    if isinstance(in_axes, tuple):
+      if len(in_axes) != len(args):
+        raise ValueError(
+            f"pmap in_axes has {len(in_axes)} entries, but the function was "
+            f"called with {len(args)} positional argument(s); give one entry "
+            f"per positional argument (static ones included), or a single "
+            f"int or None for all of them. in_axes={in_axes!r}.")
+      in_axes = tuple(a for i, a in enumerate(in_axes)
+                      if i not in static_positions)
+    specs = tree.broadcast_prefix(in_axes, dynamic, spec_name="in_axes",
+                                  root="args", is_spec_leaf=arguments.is_axis_spec)
+    specs += [0] * (treedef.num_leaves - len(specs))
+    self._programs[cache_key] = specs
+    return specs
+
+  def _paths(self, args, static_positions, kwargs):
+    paths = []
+    for i, arg in enumerate(args):
+      if i not in static_positions:
+        paths += tree.leaf_paths(arg, f"args[{i}]")
+    for key in sorted(kwargs):
+      paths += tree.leaf_paths(kwargs[key], f"kwargs[{key!r}]")
+    return paths
+
+  # --- tracing -----------------------------------------------------------
+
+  def _trace(self, key, args, static_positions, statics, dynamic, kwargs,
+             values, in_axes):
+    paths = self._paths(args, static_positions, kwargs)
+    shapes = [tuple(value.shape) for value in values]
+    axes = [None if axis is None else arguments.normalize_axis(
+        axis, len(shape), spec_name="in_axes", path=path)
+            for axis, shape, path in zip(in_axes, shapes, paths)]
+    size = self._mapped_size(axes, shapes, paths)
+    devices = self._mesh_devices(size)
+    top_dim = mesh_lib.mesh_dim_name(self._axis_name, 0)
+    state = axis_env.TraceState(
+        mesh_axes=[(self._axis_name, size, top_dim)],
+        max_devices=len(devices) if self._devices is None else size)
+    dtypes = [value.dtype for value in values]
+    rebuild = self._rebuilder(dynamic, kwargs, statics)
+    built = {}
+
+    def on_slice(leaf, piece, _):
+      state.origins[id(piece)] = (piece, leaf, [
+          a for a in range(len(shapes[leaf])) if a != axes[leaf]])
+
+    @_do_not_convert
+    def program(*inputs):
+      with axis_env.tracing(state):
+        for leaf, (value, axis) in enumerate(zip(inputs, axes)):
+          if axis is None:
+            state.origins[id(value)] = (value, leaf, list(range(len(shapes[leaf]))))
+        result = vectorize.map_over_axis(
+            self._fun, frame_template=(self._axis_name, size, top_dim),
+            inputs=list(inputs), in_axes=axes, rebuild_args=rebuild,
+            out_axes=self._out_axes, on_slice=on_slice)
+        mesh_key = _mesh_key(state, devices)
+        placements = []
+        outputs = []
+        for value, axis, per_device in zip(result.values, result.out_axes,
+                                           result.per_device):
+          spec = [None] * value.shape.rank
+          if axis is not None:
+            spec[axis] = top_dim
+            for inner_axis, dim in _inner_splits(state, per_device).items():
+              spec[inner_axis + (inner_axis >= axis)] = dim
+          placement = _placement(mesh_key, tuple(spec))
+          placements.append(placement)
+          outputs.append(dtensor.relayout(value, placement.layout))
+        built.update(result=result, placements=placements, mesh_key=mesh_key)
+        return outputs
+
+    function = tf.function(program, jit_compile=True, autograph=False)
+    specs = [tf.TensorSpec(shape, tf.as_dtype(dtype))
+             for shape, dtype in zip(shapes, dtypes)]
+    concrete = function.get_concrete_function(*specs)
+    mesh_key = built["mesh_key"]
+    input_placements = []
+    for leaf, (shape, axis) in enumerate(zip(shapes, axes)):
+      spec = [None] * len(shape)
+      if axis is not None:
+        spec[axis] = top_dim
+      for original_axis, dim in state.input_splits.get(leaf, {}).items():
+        spec[original_axis] = dim
+      input_placements.append(_placement(mesh_key, tuple(spec)))
+    result = built["result"]
+    program = _Program(
+        function=concrete,
+        input_placements=tuple(input_placements),
+        output_placements=tuple(built["placements"]),
+        output_shapes=tuple(tuple(v.shape) for v in result.values),
+        output_dtypes=tuple(v.dtype for v in result.values),
+        output_treedef=result.treedef,
+        mesh=built["placements"][0].mesh if built["placements"] else
+        mesh_lib.mesh_for_axes(*mesh_key))
+    with self._lock:
+      self._programs[key] = program
+    return program
+
+  def _rebuilder(self, dynamic, kwargs, statics):
+    """Makes `rebuild(per_device_leaves) -> (args, kwargs)` for this call."""
+    _, treedef = tree.flatten((dynamic, kwargs))
+
+    def rebuild(per_device):
+      dynamic_values, kw = treedef.unflatten(per_device)
+      full = list(dynamic_values)
+      for position, value in statics:
+        full.insert(position, value)
+      return tuple(full), kw
+
+    return rebuild
+
+  def _mapped_size(self, axes, shapes, paths):
+    sizes = [(path, shape, axis, shape[axis])
+             for path, shape, axis in zip(paths, shapes, axes)
+             if axis is not None]
+    distinct = {size for *_, size in sizes}
+    if len(distinct) > 1:
+      lines = "\n".join(
+          f"  {path} of shape {tuple(shape)} mapped along axis {axis} has "
+          f"size {size}" for path, shape, axis, size in sizes)
+      raise ValueError(
+          f"pmap got inconsistent sizes for array axes to be mapped:\n{lines}")
+    if not distinct:
+      if self._axis_size is None:
+        raise ValueError(
+            "pmap has no mapped argument to take the axis size from (every "
+            "in_axes is None, or there are no array arguments); pass "
+            "axis_size= to pmap.")
+      return self._axis_size
+    size = distinct.pop()
+    if self._axis_size is not None and self._axis_size != size:
+      raise ValueError(
+          f"pmap was given axis_size={self._axis_size}, but its mapped "
+          f"arguments have size {size} along the mapped axis.")
+    if size == 0:
+      raise ValueError(
+          "pmap's mapped axis has size 0; a pmap needs at least one device's "
+          "worth of data (mapped size >= 1).")
+    return size
+
+  def _mesh_devices(self, size):
+    """The devices of the call: the given ones, or the first local ones."""
+    if self._devices is not None:
+      local = [d for d in self._devices
+               if d.process_index == devices_lib.process_index()]
+      if size != len(local):
+        raise ValueError(
+            f"pmap was given {len(self._devices)} devices ({len(local)} in "
+            f"this process), but the mapped axis has size {size}; with "
+            f"devices=, the mapped size must equal the number of local "
+            f"devices given.")
+      return self._devices
+    available = devices_lib.local_devices(self._backend)
+    if size > len(available):
+      raise ValueError(
+          f"compiling computation that requires {size} replicas, but only "
+          f"{len(available)} devices are available (num_replicas={size}). "
+          f"Map over fewer elements, or make more devices: "
+          f"{devices_lib.NUM_CPU_DEVICES_ENV} or tfspmd.set_num_cpu_devices "
+          f"for CPU.")
+    return available
+
+  # --- placing inputs ----------------------------------------------------
+
+  def _place(self, value, placement, leaf, args, static_positions, kwargs):
+    if isinstance(value, ShardedArray):
+      current = value.placement
+      if current is placement:
+        return value.dtensor_value
+      if (current.spec == placement.spec and
+          current.local_blocks == placement.local_blocks):
+        return placement_lib.repack(value.dtensor_value, placement)
+      value = value.numpy()
+    elif isinstance(value, tf.Tensor):
+      value = value.numpy()
+    return placement_lib.pack_host_array(np.asarray(value), placement)
+
+  def _delete_donated(self, args, results):
+    kept = {id(r) for r in results}
+    for num in self._donate_argnums:
+      position = num + len(args) if num < 0 else num
+      if 0 <= position < len(args):
+        for leaf in tree.flatten(args[position])[0]:
+          if isinstance(leaf, ShardedArray) and id(leaf) not in kept:
+            leaf.delete()
+
+  # --- nested --------------------------------------------------------------
+
+  def _call_nested(self, args, kwargs):
+    state = axis_env.trace_state()
+    if self._devices is not None:
+      raise ValueError(
+          "pmap: nested pmaps with devices= are not supported (as in JAX); "
+          "give devices= to neither, and the nested mesh uses the first "
+          "devices of the outer pmap's platform.")
+    for frame in axis_env.frames():
+      if frame.name == self._axis_name:
+        raise ValueError(
+            f"pmap: axis name {self._axis_name!r} is already bound by an "
+            f"enclosing pmap or vmap; give the nested pmap another axis_name.")
+    static_positions = self._static_positions(len(args))
+    statics = self._statics(args, static_positions)
+    dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
+    leaves, treedef = tree.flatten((dynamic, kwargs))
+    paths = self._paths(args, static_positions, kwargs)
+    in_axes = self._leaf_in_axes(treedef, args, static_positions, dynamic,
+                                 kwargs)
+    values = [_traced_tensor(leaf, path) for leaf, path in zip(leaves, paths)]
+    shapes = [tuple(v.shape) for v in values]
+    axes = [None if axis is None else arguments.normalize_axis(
+        axis, len(shape), spec_name="in_axes", path=path)
+            for axis, shape, path in zip(in_axes, shapes, paths)]
+    size = self._mapped_size(axes, shapes, paths)
+    depth = len(axis_env.frames())
+    mesh_dim = _register_nested_axis(state, self._axis_name, size, depth)
+
+    for leaf, (value, axis) in enumerate(zip(values, axes)):
+      origin = state.origins.get(id(value))
+      if axis is not None and origin is not None and origin[0] is value:
+        _, source_leaf, source_axes = origin
+        splits = state.input_splits.setdefault(source_leaf, {})
+        splits.setdefault(source_axes[axis], mesh_dim)
+
+    def on_slice(leaf, piece, _):
+      origin = state.origins.get(id(values[leaf]))
+      if origin is not None and origin[0] is values[leaf]:
+        _, source_leaf, source_axes = origin
+        state.origins[id(piece)] = (piece, source_leaf, [
+            a for k, a in enumerate(source_axes) if k != axes[leaf]])
+
+    result = vectorize.map_over_axis(
+        self._fun, frame_template=(self._axis_name, size, mesh_dim),
+        inputs=values, in_axes=axes,
+        rebuild_args=self._rebuilder(dynamic, kwargs, statics),
+        out_axes=self._out_axes, on_slice=on_slice)
+    for value, axis, per_device in zip(result.values, result.out_axes,
+                                       result.per_device):
+      if axis is None:
+        continue
+      splits = {axis: mesh_dim}
+      for inner_axis, dim in _inner_splits(state, per_device).items():
+        splits[inner_axis + (inner_axis >= axis)] = dim
+      state.output_splits[id(value)] = (value, splits)
+    return result.treedef.unflatten(result.values)
+
+
+def _traced_tensor(leaf, path):
+  if isinstance(leaf, ShardedArray):
+    raise TypeError(
+        f"nested pmap argument {path} is a ShardedArray from outside the "
+        f"enclosing pmap; pass it to the outer pmap instead.")
+  if isinstance(leaf, tf.Tensor):
+    return leaf
+  return tf.convert_to_tensor(arguments.to_array_leaf(leaf, path))
+
+
+def _inner_splits(state, per_device):
+  found = state.output_splits.get(id(per_device))
+  if found is None or found[0] is not per_device:
+    return {}
+  return found[1]
+
+
+def _register_nested_axis(state, axis_name, size, depth):
+  """Adds the mesh dimension of a nested pmap at `depth`, or reuses it."""
+  if depth < len(state.mesh_axes):
+    _, known_size, dim = state.mesh_axes[depth]
+    if known_size != size:
+      raise ValueError(
+          f"nested pmaps at the same depth must have the same size to share "
+          f"a mesh dimension: axis {axis_name!r} has size {size}, another "
+          f"pmap at that depth has size {known_size}.")
+    return dim
+  total = size
+  for _, outer_size, _ in state.mesh_axes:
+    total *= outer_size
+  if total > state.max_devices:
+    shape = " x ".join(str(s) for _, s, _ in state.mesh_axes) + f" x {size}"
+    raise ValueError(
+        f"compiling computation that requires {total} replicas ({shape} "
+        f"nested pmaps), but only {state.max_devices} devices are available "
+        f"(num_replicas={total}).")
+  dim = mesh_lib.mesh_dim_name(axis_name, depth)
+  state.mesh_axes.append((axis_name, size, dim))
+  return dim
+
+
+def _mesh_key(state, devices):
+  dims = tuple(dim for _, _, dim in state.mesh_axes)
+  sizes = tuple(size for _, size, _ in state.mesh_axes)
+  count = int(np.prod(sizes))
+  if len(state.mesh_axes) == 1 and len(devices) == sizes[0]:
+    return dims, sizes, tuple(devices)
+  return dims, sizes, tuple(devices[:count])
+
+
+def _check_devices(devices, backend):
+  if devices is None:
+    return None
+  devices = tuple(devices)
+  if not devices:
+    raise ValueError("pmap: `devices` is empty; give at least one device or "
+                     "leave it None to use the first local devices.")
+  for device in devices:
+    if not isinstance(device, devices_lib.Device):
+      raise TypeError(
+          f"pmap: `devices` must hold tfspmd.Device objects (from "
+          f"tfspmd.devices()), got {type(device).__name__} {device!r}.")
+  if len(set(devices)) != len(devices):
+    raise ValueError(f"pmap: `devices` lists a device twice: {list(devices)}.")
+  platforms = {d.platform for d in devices}
+  if len(platforms) > 1:
+    raise ValueError(
+        f"pmap: `devices` mixes platforms {sorted(platforms)}; all devices of "
+        f"a pmap must be of one kind.")
+  if backend is not None and devices_lib.resolve_backend(backend) not in platforms:
+    raise ValueError(
+        f"pmap: backend={backend!r} disagrees with the platform of `devices` "
+        f"({platforms.pop()}).")
+  return devices
+
+
+def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0,
+         static_broadcasted_argnums=(), devices=None, backend=None,
+         axis_size=None, donate_argnums=()):
+  """Maps `fun` over an axis of its arguments, one position per device.
+
+  `fun` is the program one device runs, written with TensorFlow ops; it may
+  call named-axis collectives (`tfspmd.lax.psum`, ...) over `axis_name`. The
+  mapped function traces `fun` once per distinct call signature into one
+  `tf.function(jit_compile=True)` that DTensor runs on a mesh of the devices.
+
+  Args:
+    fun: The per-device function. Its arguments and results are tensors,
+      NumPy arrays or Python numbers in tuples, lists, dicts or namedtuples.
+    axis_name: A hashable name for the mapped axis, used by collectives.
+    in_axes: For each positional argument, the axis to map over (any axis,
+      negative counts from the end), None to broadcast it to every device,
+      or a tree prefix of the arguments holding those. Keyword arguments are
+      mapped over axis 0.
+    out_axes: Where the mapped axis goes in each output (an int, or None for
+      an output that is the same on every device: one copy is returned), or a
+      tree prefix of the output.
+    static_broadcasted_argnums: Positions of arguments passed as Python
+      values (hashable); each new value traces again.
+    devices: The `Device`s to map over, in order (from `tfspmd.devices()`);
+      the mapped size must equal the number of them local to this process.
+    backend: 'cpu', 'gpu' or 'tpu'; None picks the best present.
+    axis_size: The size of the mapped axis when no argument is mapped.
+    donate_argnums: Positions of arguments whose `ShardedArray` leaves the
+      call frees; using one again raises.
+
+  Returns:
+    A callable with `fun`'s arguments (with the extra mapped axes), returning
+    `fun`'s outputs with the mapped axis added, as `ShardedArray`s.
+
+  Example:
+    >>> import tensorflow as tf, tfspmd
+    >>> print(tfspmd.pmap(lambda x: x ** 2)(tf.range(8)))
+    [ 0  1  4  9 16 25 36 49]
+    >>> f = tfspmd.pmap(lambda x, y: (x + y, y * 2.), in_axes=(0, None))
+    >>> print(f(tf.range(2.), 4.))
+    (ShardedArray([4., 5.], dtype=float32), ShardedArray(8., dtype=float32))
+  """
+  if fun is None:
+    return functools.partial(
+        pmap, axis_name=axis_name, in_axes=in_axes, out_axes=out_axes,
+        static_broadcasted_argnums=static_broadcasted_argnums,
+        devices=devices, backend=backend, axis_size=axis_size,
+        donate_argnums=donate_argnums)
+  return PmappedFunction(fun, axis_name, in_axes, out_axes,
+                         static_broadcasted_argnums, devices, backend,
+                         axis_size, donate_argnums)

@@ -1,0 +1,196 @@
+"""The result type of a pmap: one array whose blocks live on the devices."""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfspmd._src import placement as placement_lib
+from tfspmd._src import tf_internal
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+  """One device's block of a `ShardedArray`.
+
+  Attributes:
+    device: The `Device` holding it.
+    index: NumPy index of the block within the whole array.
+    data: The block, a `tf.Tensor` on that device.
+  """
+  device: object
+  index: tuple
+  data: tf.Tensor
+
+
+class ShardedArray:
+  """A pmap result: an array split over devices along its mapped axes.
+
+  It converts to NumPy (`np.asarray`, `.numpy()`) and to `tf.Tensor`
+  wherever TensorFlow asks for one, indexes per device (`out[5]` is device
+  5's row), and goes back into a pmap with no copy when it already lies the
+  way that pmap needs.
+
+  Example:
+    >>> import numpy as np, tensorflow as tf, tfspmd
+    >>> out = tfspmd.pmap(lambda x: x * 2)(tf.range(8))
+    >>> out.shape, out.dtype
+    (TensorShape([8]), tf.int32)
+    >>> print(out)
+    [ 0  2  4  6  8 10 12 14]
+    >>> int(out[5])
+    10
+    >>> out.addressable_shards[5].device
+    Device(platform='cpu', id=5)
+    >>> float(tf.reduce_sum(tf.cast(out, tf.float32)))
+    56.0
+  """
+
+  __slots__ = ("_value", "_placement", "_shape", "_dtype", "_host", "__weakref__")
+
+  def __init__(self, value, placement, shape, dtype):
+    self._value = value
+    self._placement = placement
+    self._shape = tf.TensorShape(shape)
+    self._dtype = tf.as_dtype(dtype)
+    self._host = None
+
+  @property
+  def shape(self):
+    """The shape of the whole array."""
+    return self._shape
+
+  @property
+  def dtype(self):
+    """The element type, a `tf.DType`."""
+    return self._dtype
+
+  @property
+  def ndim(self):
+    return self._shape.rank
+
+  @property
+  def size(self):
+    return self._shape.num_elements()
+
+  @property
+  def placement(self):
+    """How the array lies on its mesh (which axis is split over which dim)."""
+    return self._placement
+
+  @property
+  def layout(self):
+    """The DTensor layout of `dtensor_value`."""
+    return self._placement.layout
+
+  @property
+  def dtensor_value(self):
+    """The underlying DTensor, for use with TensorFlow's DTensor API."""
+    self._check_alive()
+    return self._value
+
+  def devices(self):
+    """The devices holding the array, in mesh order."""
+    return self._placement.devices
+
+  @property
+  def addressable_shards(self):
+    """This process's blocks, one `Shard` per local device, in mesh order."""
+    self._check_alive()
+    counts = self._placement.counts()
+    shards = []
+    for (device, index), data in zip(self._placement.local_blocks,
+                                     dtensor.unpack(self._value)):
+      shards.append(Shard(device=device, index=placement_lib.block_slices(
+          index, self._shape.as_list(), counts), data=data))
+    return shards
+
+  def block_until_ready(self):
+    """Waits until the computation producing the array has finished."""
+    self._check_alive()
+    tf_internal.wait_for_pending_ops()
+    return self
+
+  def is_deleted(self):
+    """True once the array was donated to a pmapped function."""
+    return self._value is None
+
+  def delete(self):
+    """Frees the device buffers; any later use raises RuntimeError."""
+    self._value = None
+    self._host = None
+
+  def _check_alive(self):
+    if self._value is None:
+      raise RuntimeError(
+          f"This ShardedArray (shape {self._shape.as_list()}, {self._dtype.name}) "
+          f"has been deleted: it was donated to a pmapped function through "
+          f"`donate_argnums`, which frees it. Keep the function's result "
+          f"instead, or do not donate an argument you use again.")
+
+  def numpy(self):
+    """The whole array as a NumPy array (this process's blocks only)."""
+    self._check_alive()
+    if self._host is None:
+      self._host = placement_lib.assemble(
+          self._value, self._placement, self._shape.as_list(),
+          self._dtype.as_numpy_dtype)
+      self._host.flags.writeable = False
+    return self._host
+
+  def __array__(self, dtype=None, copy=None):
+    array = self.numpy()
+    if dtype is not None and np.dtype(dtype) != array.dtype:
+      return array.astype(dtype)
+    if copy:
+      return array.copy()
+    return array
+
+  def __tf_tensor__(self, dtype=None, name=None):
+    return tf.convert_to_tensor(self.numpy(), dtype=dtype, name=name)
+
+  def __len__(self):
+    if self._shape.rank == 0:
+      raise TypeError("len() of an unsized (0-d) ShardedArray")
+    return self._shape[0]
+
+  def __iter__(self):
+    for i in range(len(self)):
+      yield self[i]
+
+  def __getitem__(self, key):
+    """`out[i]` is the block of device i along a mapped leading axis."""
+    self._check_alive()
+    spec = self._placement.spec
+    if (isinstance(key, int) and not isinstance(key, bool) and spec and
+        spec[0] is not None and sum(dim is not None for dim in spec) == 1 and
+        self._placement.counts()[0] == self._shape[0]):
+      size = self._shape[0]
+      if not -size <= key < size:
+        raise IndexError(
+            f"index {key} is out of bounds for axis 0 with size {size}")
+      key %= size
+      for (_, index), data in zip(self._placement.local_blocks,
+                                  dtensor.unpack(self._value)):
+        if index[0] == key:
+          return tf.squeeze(data, axis=0)
+    return tf.convert_to_tensor(self.numpy()[key])
+
+  def __int__(self):
+    return int(self.numpy())
+
+  def __float__(self):
+    return float(self.numpy())
+
+  def __bool__(self):
+    return bool(self.numpy())
+
+  def __str__(self):
+    return str(self.numpy())
+
+  def __repr__(self):
+    if self._value is None:
+      return f"ShardedArray(<deleted>, shape={self._shape.as_list()})"
+    body = np.array2string(self.numpy(), separator=", ", prefix="ShardedArray(")
+    return f"ShardedArray({body}, dtype={self._dtype.name})"

@@ -1,0 +1,72 @@
+"""Every private TensorFlow name tfspmd uses, in one place.
+
+tfspmd vectorizes the per-device program with pfor, TensorFlow's private
+vectorizer, and gives its collectives their own pfor converters through the
+`pfor_converter` attribute of an `Operation` (checked by pfor before its
+registry). Both are private APIs: a TensorFlow upgrade may move them, so they
+are imported only here and checked once, at import, against the versions the
+test suite runs on.
+"""
+
+import tensorflow as tf
+
+SUPPORTED_TF_VERSIONS = ("2.21",)
+
+try:
+  from tensorflow.python.eager import context as _context
+  from tensorflow.python.ops.parallel_for import control_flow_ops as _pfor_ops
+  from tensorflow.python.ops.parallel_for import pfor as _pfor
+except ImportError as e:  # pragma: no cover - depends on the installed TF.
+  raise ImportError(
+      f"tfspmd needs TensorFlow's parallel_for internals, which TensorFlow "
+      f"{tf.__version__} does not have ({e}). tfspmd is tested with TensorFlow "
+      f"{', '.join(SUPPORTED_TF_VERSIONS)}.") from e
+
+
+def _check_pfor_hooks():
+  """Fails at import, naming the TF version, if a pfor hook tfspmd needs moved."""
+  import inspect  # pylint: disable=import-outside-toplevel
+  missing = [name for name in ("_pfor_impl",) if not hasattr(_pfor_ops, name)]
+  missing += [name for name in ("wrap", "PFor") if not hasattr(_pfor, name)]
+  source = inspect.getsource(_pfor.PFor)
+  if '"pfor_converter"' not in source:
+    missing.append("PFor's per-op `pfor_converter` hook")
+  if missing:
+    raise ImportError(
+        f"TensorFlow {tf.__version__} lacks pieces of its private pfor API that "
+        f"tfspmd relies on: {', '.join(missing)}. tfspmd is tested with "
+        f"TensorFlow {', '.join(SUPPORTED_TF_VERSIONS)}; install one of those.")
+
+
+_check_pfor_hooks()
+
+
+def vectorize_loop(loop_fn, iterations):
+  """Runs pfor's conversion of `loop_fn(i)` in the graph being traced.
+
+  `tf.vectorized_map` wraps the loop in a nested `tf.function` under XLA; the
+  caller here is always already tracing one, so the loop is converted in
+  place and no function call is left in the program.
+  """
+  return _pfor_ops._pfor_impl(  # pylint: disable=protected-access
+      loop_fn, iterations, fallback_to_while_loop=False)
+
+
+def wrap_converted(tensor, stacked):
+  """The value a pfor converter returns for one output."""
+  return _pfor.wrap(tensor, stacked)
+
+
+def set_pfor_converter(operation, converter):
+  """Makes pfor call `converter(pfor_input)` for `operation`."""
+  operation.pfor_converter = converter
+
+
+def wait_for_pending_ops():
+  """Blocks until every op dispatched in eager mode has finished."""
+  _context.async_wait()
+
+
+def devices_initialized():
+  """True once TensorFlow has created its logical devices."""
+  return _context.context()._initialized  # pylint: disable=protected-access

@@ -1,0 +1,168 @@
+"""Vectorizing the per-device function over one mapped axis with pfor.
+
+`map_over_axis` is the part shared by every level of a pmap (and by vmap):
+it binds the axis name, slices each mapped input inside the pfor loop, calls
+the user's function, checks its outputs against `out_axes`, and returns the
+stacked results with the mapped axis where `out_axes` puts it.
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+from tfspmd._src import arguments
+from tfspmd._src import axis_env
+from tfspmd._src import tf_internal
+from tfspmd._src import tree
+
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
+
+@dataclasses.dataclass
+class MappedResult:
+  """The outputs of `map_over_axis`.
+
+  Attributes:
+    values: One tensor per output leaf: stacked along its out axis, or the
+      single per-device value where out_axes is None.
+    out_axes: The resolved out axis of each leaf (None: not mapped).
+    treedef: The output tree.
+    per_device: The per-device output tensors `fun` returned (before
+      stacking), to look up what nested pmaps recorded about them.
+  """
+  values: list
+  out_axes: list
+  treedef: object
+  per_device: list
+
+
+def move_axis_to_front(value, axis):
+  if axis == 0:
+    return value
+  rank = value.shape.rank
+  return tf.transpose(value, [axis] + [a for a in range(rank) if a != axis])
+
+
+def move_front_axis_to(value, axis):
+  if axis == 0:
+    return value
+  rank = value.shape.rank
+  order = list(range(1, rank))
+  order.insert(axis, 0)
+  return tf.transpose(value, order)
+
+
+def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
+                  out_axes, on_slice=None):
+  """Traces `fun` once per position of one axis, vectorized by pfor.
+
+  Args:
+    fun: The per-device function.
+    frame_template: `(axis_name, size, mesh_dim)` of the axis.
+    inputs: The input tensors, one per dynamic leaf.
+    in_axes: For each input, the axis mapped over (non-negative) or None.
+    rebuild_args: Turns the list of per-device inputs into `(args, kwargs)`.
+    out_axes: The out_axes spec (a tree prefix of the output).
+    on_slice: Optional `on_slice(leaf, per_device_tensor, index)` called for
+      each mapped input's per-device slice (nested pmaps track origins).
+
+  Returns:
+    A `MappedResult`.
+  """
+  axis_name, size, mesh_dim = frame_template
+  fronted = [None if axis is None else move_axis_to_front(value, axis)
+             for value, axis in zip(inputs, in_axes)]
+  invariant = {}
+  varying = []
+  traced = {}
+
+  @_do_not_convert
+  def loop_fn(index):
+    frame = axis_env.Frame(axis_name, size, index, mesh_dim)
+    with axis_env.bound_axis(frame):
+      per_device = []
+      for leaf, (value, moved) in enumerate(zip(inputs, fronted)):
+        if moved is None:
+          per_device.append(value)
+        else:
+          piece = tf.gather(moved, index)
+          if on_slice is not None:
+            on_slice(leaf, piece, index)
+          per_device.append(piece)
+      args, kwargs = rebuild_args(per_device)
+      result = fun(*args, **kwargs)
+      leaves, treedef = tree.flatten(result)
+      outputs = [_output_tensor(leaf, path) for leaf, path in zip(
+          leaves, tree.leaf_paths(result, "output"))]
+      specs = _resolve_out_axes(out_axes, result, outputs)
+      traced.update(treedef=treedef, specs=specs, outputs=outputs,
+                    paths=tree.leaf_paths(result, "output"))
+      return [_mark_invariant(value, k, frame, invariant, varying)
+              if spec is None else value
+              for k, (value, spec) in enumerate(zip(outputs, specs))]
+
+  stacked = tf_internal.vectorize_loop(loop_fn, size)
+  if varying:
+    k = varying[0]
+    raise ValueError(
+        f"out_axes=None for {traced['paths'][k]}, but that output varies "
+        f"across the devices of axis {axis_name!r}: out_axes=None returns one "
+        f"value, so the output must be the same on every device (for example "
+        f"the result of psum/pmean over that axis). Give it an integer "
+        f"out_axes to keep every device's value.")
+  values = []
+  for k, spec in enumerate(traced["specs"]):
+    if spec is None:
+      values.append(invariant[k])
+    else:
+      values.append(move_front_axis_to(stacked[k], spec))
+  return MappedResult(values=values, out_axes=traced["specs"],
+                      treedef=traced["treedef"], per_device=traced["outputs"])
+
+
+def _output_tensor(leaf, path):
+  try:
+    return tf.convert_to_tensor(leaf)
+  except (TypeError, ValueError) as e:
+    raise TypeError(
+        f"the pmapped function returned a {type(leaf).__name__} at {path}, "
+        f"which is not convertible to a tensor ({e}). Return tensors, NumPy "
+        f"arrays or Python numbers, in tuples, lists, dicts or namedtuples."
+    ) from None
+
+
+def _resolve_out_axes(out_axes, result, outputs):
+  specs = tree.broadcast_prefix(out_axes, result, spec_name="out_axes",
+                                root="output", is_spec_leaf=arguments.is_axis_spec)
+  paths = tree.leaf_paths(result, "output")
+  resolved = []
+  for spec, value, path in zip(specs, outputs, paths):
+    if spec is None:
+      resolved.append(None)
+    else:
+      resolved.append(arguments.normalize_axis(
+          spec, value.shape.rank + 1, spec_name="out_axes", path=path,
+          what="output"))
+  return resolved
+
+
+def _mark_invariant(value, k, frame, invariant, varying):
+  """Passes an out_axes=None output through a marker that checks invariance.
+
+  pfor keeps a value unstacked exactly when it provably does not depend on
+  the position along the axis; the converter records the unstacked value
+  (one copy, no broadcast) or notes that the output varies.
+  """
+  outputs = tf.raw_ops.IdentityN(input=[value, frame.index])
+
+  @_do_not_convert
+  def convert(pfor_input):
+    tensor, stacked, _ = pfor_input.input(0)
+    if stacked:
+      varying.append(k)
+    else:
+      invariant[k] = tensor
+    return [pfor_input.input(0), pfor_input.input(1)]
+
+  tf_internal.set_pfor_converter(outputs[0].op, convert)
+  return outputs[0]
