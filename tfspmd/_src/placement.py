@@ -56,6 +56,12 @@ class Placement:
       blocks.append((devices[position], index))
     return tuple(blocks)
 
+  @functools.cached_property
+  def block_map(self):
+    """Which block each local device holds, whatever the mesh's dim names."""
+    return (tuple((device, index) for device, index in self.local_blocks),
+            self.counts())
+
   def counts(self):
     """The number of blocks along each tensor axis."""
     dim_names, sizes, _ = self.mesh_key
@@ -99,7 +105,7 @@ def assemble(value, placement, global_shape, dtype):
   """
   components = dtensor.unpack(value)
   if not any(dim is not None for dim in placement.spec):
-    return components[0].numpy()
+    return np.asarray(components[0].numpy())
   out = np.empty(global_shape, dtype=dtype)
   counts = placement.counts()
   seen = set()

@@ -143,11 +143,11 @@ class PmappedFunction:
         values.append(leaf)
         signature.append((leaf.placement, tuple(leaf.shape), leaf.dtype))
         continue
-      if not isinstance(leaf, (tf.Tensor, np.ndarray)):
-        if paths is None:
-          paths = self._paths(args, static_positions, kwargs)
-        leaf = arguments.to_array_leaf(leaf, paths[k])
-      elif isinstance(leaf, np.ndarray) and leaf.dtype.kind not in "biufc":
+      if isinstance(leaf, tf.Tensor):
+        ready = leaf.dtype.is_numeric or leaf.dtype.is_bool
+      else:
+        ready = isinstance(leaf, np.ndarray) and leaf.dtype.kind in "biufc"
+      if not ready:
         if paths is None:
           paths = self._paths(args, static_positions, kwargs)
         leaf = arguments.to_array_leaf(leaf, paths[k])
@@ -381,8 +381,7 @@ class PmappedFunction:
       current = value.placement
       if current is placement:
         return value.dtensor_value
-      if (current.spec == placement.spec and
-          current.local_blocks == placement.local_blocks):
+      if current.block_map == placement.block_map:
         return placement_lib.repack(value.dtensor_value, placement)
       value = value.numpy()
     elif isinstance(value, tf.Tensor):

@@ -174,7 +174,8 @@ class ShardedArray:
       for (_, index), data in zip(self._placement.local_blocks,
                                   dtensor.unpack(self._value)):
         if index[0] == key:
-          return tf.squeeze(data, axis=0)
+          with tf.device(data.device):
+            return tf.squeeze(data, axis=0)
     return tf.convert_to_tensor(self.numpy()[key])
 
   def __int__(self):

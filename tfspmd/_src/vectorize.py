@@ -140,9 +140,13 @@ def _resolve_out_axes(out_axes, result, outputs):
     if spec is None:
       resolved.append(None)
     else:
-      resolved.append(arguments.normalize_axis(
-          spec, value.shape.rank + 1, spec_name="out_axes", path=path,
-          what="output"))
+      rank = value.shape.rank + 1
+      if not -rank <= spec < rank:
+        raise ValueError(
+            f"out_axes puts the mapped axis at {spec} of {path}, whose result "
+            f"has rank {rank} (per-device rank {rank - 1}, plus the mapped "
+            f"axis): the axis must be in [{-rank}, {rank}).")
+      resolved.append(spec % rank)
   return resolved
 
 

@@ -1,0 +1,71 @@
+"""Devices, processes and the logical CPU split."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tfspmd
+
+
+def test_eight_logical_cpu_devices():
+  devices = tfspmd.devices()
+  assert len(devices) == 8 == tfspmd.device_count() == tfspmd.local_device_count()
+  assert [d.id for d in devices] == list(range(8))
+  assert all(d.platform == "cpu" and d.process_index == 0 for d in devices)
+  assert devices[3].name.endswith("/device:CPU:3")
+  assert tfspmd.local_devices() == devices
+  assert tfspmd.devices("cpu") == devices == tfspmd.devices("CPU")
+
+
+def test_single_process():
+  assert tfspmd.process_index() == 0
+  assert tfspmd.process_count() == 1
+
+
+def test_set_num_cpu_devices_with_the_count_in_force_is_allowed():
+  tfspmd.set_num_cpu_devices(8)
+
+
+def test_set_num_cpu_devices_after_initialization_raises():
+  with pytest.raises(RuntimeError, match=r"set_num_cpu_devices\(4\) came too late"):
+    tfspmd.set_num_cpu_devices(4)
+
+
+@pytest.mark.parametrize("count, error", [(0, ValueError), (-2, ValueError),
+                                          (2.0, TypeError), (True, TypeError)])
+def test_set_num_cpu_devices_checks_its_argument(count, error):
+  with pytest.raises(error, match="count"):
+    tfspmd.set_num_cpu_devices(count)
+
+
+def test_unknown_or_absent_backend():
+  with pytest.raises(ValueError, match="`backend` must be"):
+    tfspmd.devices("fpga")
+  with pytest.raises(RuntimeError, match="no GPU devices"):
+    tfspmd.devices("gpu")
+
+
+def _run(code, **env):
+  environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env)
+  return subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, env=environment, timeout=120, check=False,
+                        cwd=os.path.dirname(os.path.dirname(__file__)))
+
+
+def test_environment_variable_and_set_num_cpu_devices_in_a_fresh_process():
+  result = _run(
+      "import tfspmd; tfspmd.set_num_cpu_devices(3); "
+      "print(tfspmd.device_count());"
+      "import tensorflow as tf; tf.constant(1.);"
+      "\ntry: tfspmd.set_num_cpu_devices(5)\n"
+      "except RuntimeError as e: print('late:', e)",
+      TFSPMD_NUM_CPU_DEVICES="")
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  assert lines[0] == "3"
+  assert "came too late" in lines[1] and "3 logical CPU device" in lines[1]
+  bad = _run("import tfspmd", TFSPMD_NUM_CPU_DEVICES="eight")
+  assert bad.returncode != 0
+  assert "TFSPMD_NUM_CPU_DEVICES must be a positive integer, got 'eight'" in bad.stderr

@@ -1,0 +1,101 @@
+"""The ShardedArray result type."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfspmd
+from tfspmd import lax
+
+
+@pytest.fixture(name="out")
+def fixture_out():
+  return tfspmd.pmap(lambda x: x * 2)(np.arange(8 * 3, dtype=np.float32).reshape(8, 3))
+
+
+def expected():
+  return np.arange(8 * 3, dtype=np.float32).reshape(8, 3) * 2
+
+
+def test_shape_dtype_len(out):
+  assert out.shape == (8, 3)
+  assert out.dtype == tf.float32
+  assert out.ndim == 2 and out.size == 24
+  assert len(out) == 8
+
+
+def test_numpy_conversions(out):
+  np.testing.assert_array_equal(np.asarray(out), expected())
+  np.testing.assert_array_equal(out.numpy(), expected())
+  assert np.asarray(out, dtype=np.float64).dtype == np.float64
+  copy = np.array(out, copy=True)
+  copy[0, 0] = -1
+  assert out.numpy()[0, 0] == 0
+
+
+def test_indexing_gives_each_devices_row(out):
+  for i in range(8):
+    row = out[i]
+    assert isinstance(row, tf.Tensor)
+    np.testing.assert_array_equal(row, expected()[i])
+    assert row.device.endswith(f"CPU:{i}")
+  np.testing.assert_array_equal(out[-1], expected()[7])
+  np.testing.assert_array_equal(out[2:4], expected()[2:4])
+  np.testing.assert_array_equal(out[:, 1], expected()[:, 1])
+  with pytest.raises(IndexError, match="out of bounds"):
+    out[8]  # pylint: disable=pointless-statement
+
+
+def test_iteration(out):
+  rows = list(out)
+  assert len(rows) == 8
+  np.testing.assert_array_equal(np.stack(rows), expected())
+
+
+def test_converts_to_tensor_where_tf_asks(out):
+  np.testing.assert_array_equal(tf.convert_to_tensor(out), expected())
+  np.testing.assert_array_equal(tf.reduce_sum(out, 0), expected().sum(0))
+  np.testing.assert_array_equal(tf.add(out, 1.), expected() + 1)
+  assert tf.convert_to_tensor(out, dtype=tf.float32).dtype == tf.float32
+
+
+def test_shards_and_devices(out):
+  shards = out.addressable_shards
+  assert len(shards) == 8
+  for i, shard in enumerate(shards):
+    assert shard.device == tfspmd.devices()[i]
+    assert shard.data.shape == (1, 3)
+    np.testing.assert_array_equal(shard.data, expected()[shard.index])
+  assert out.devices() == tfspmd.devices()
+
+
+def test_block_until_ready_returns_the_array(out):
+  assert out.block_until_ready() is out
+
+
+def test_printing(out):
+  assert str(tfspmd.pmap(lambda x: x)(np.arange(3, dtype=np.int32))) == "[0 1 2]"
+  assert repr(tfspmd.pmap(lambda x: x)(np.arange(3, dtype=np.int32))) == (
+      "ShardedArray([0, 1, 2], dtype=int32)")
+  assert "ShardedArray(" in repr(out)
+
+
+def test_replicated_result_is_one_value():
+  total = tfspmd.pmap(lambda x: lax.psum(x, "i"), "i", out_axes=None)(
+      np.arange(4, dtype=np.int32))
+  assert total.shape == ()
+  assert int(total) == 6
+  assert float(total) == 6.0
+  assert len(total.addressable_shards) == 4
+  with pytest.raises(TypeError, match="0-d"):
+    len(total)
+
+
+def test_nested_result_indexes_rows():
+  inner = tfspmd.pmap(lambda x: x + lax.axis_index("c"), axis_name="c")
+  out = tfspmd.pmap(inner, axis_name="r")(np.zeros((4, 2), np.int32))
+  expected_rows = np.tile(np.arange(2, dtype=np.int32), (4, 1))
+  np.testing.assert_array_equal(out, expected_rows)
+  np.testing.assert_array_equal(out[3], expected_rows[3])
+  assert len(out.addressable_shards) == 8
+  assert out.addressable_shards[5].index == (slice(2, 3), slice(1, 2))
