@@ -29,6 +29,14 @@ class Device:
     process_index: The process that owns the device.
     local_id: The device's index among its process's devices of `platform`.
     name: TensorFlow's full name of the device.
+
+  Example:
+    >>> import tfspmd
+    >>> device = tfspmd.devices()[3]
+    >>> device, device.platform, device.process_index
+    (Device(platform='cpu', id=3), 'cpu', 0)
+    >>> device.name
+    '/job:localhost/replica:0/task:0/device:CPU:3'
   """
   id: int
   platform: str

@@ -14,7 +14,6 @@ A call inside another pmap's trace vectorizes over one more axis in place.
 
 import dataclasses
 import functools
-import inspect
 import threading
 
 import numpy as np
@@ -26,6 +25,7 @@ from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
 from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import placement as placement_lib
+from tfspmd._src import tf_internal
 from tfspmd._src import tree
 from tfspmd._src import vectorize
 from tfspmd._src.sharded_array import ShardedArray
@@ -158,9 +158,8 @@ class PmappedFunction:
     if program is None:
       program = self._trace(key, args, static_positions, statics, dynamic,
                             kwargs, values, in_axes)
-    placed = [self._place(value, placement, k, args, static_positions, kwargs)
-              for k, (value, placement) in enumerate(
-                  zip(values, program.input_placements))]
+    placed = [_place(value, placement)
+              for value, placement in zip(values, program.input_placements)]
     if placed:
       outputs = program.function(*placed)
     else:
@@ -298,7 +297,7 @@ class PmappedFunction:
       input_placements.append(_placement(mesh_key, tuple(spec)))
     result = built["result"]
     program = _Program(
-        function=concrete,
+        function=tf_internal.flat_caller(concrete),
         input_placements=tuple(input_placements),
         output_placements=tuple(built["placements"]),
         output_shapes=tuple(tuple(v.shape) for v in result.values),
@@ -374,19 +373,7 @@ class PmappedFunction:
           f"for CPU.")
     return available
 
-  # --- placing inputs ----------------------------------------------------
-
-  def _place(self, value, placement, leaf, args, static_positions, kwargs):
-    if isinstance(value, ShardedArray):
-      current = value.placement
-      if current is placement:
-        return value.dtensor_value
-      if current.block_map == placement.block_map:
-        return placement_lib.repack(value.dtensor_value, placement)
-      value = value.numpy()
-    elif isinstance(value, tf.Tensor):
-      value = value.numpy()
-    return placement_lib.pack_host_array(np.asarray(value), placement)
+  # --- donation ----------------------------------------------------------
 
   def _delete_donated(self, args, results):
     kept = {id(r) for r in results}
@@ -455,6 +442,20 @@ class PmappedFunction:
         splits[inner_axis + (inner_axis >= axis)] = dim
       state.output_splits[id(value)] = (value, splits)
     return result.treedef.unflatten(result.values)
+
+
+def _place(value, placement):
+  """The DTensor of one input leaf on `placement`, moving as little as possible."""
+  if isinstance(value, ShardedArray):
+    current = value.placement
+    if current is placement:
+      return value.dtensor_value
+    if current.block_map == placement.block_map:
+      return placement_lib.repack(value.dtensor_value, placement)
+    value = value.numpy()
+  elif isinstance(value, tf.Tensor):
+    value = value.numpy()
+  return placement_lib.pack_host_array(np.asarray(value), placement)
 
 
 def _traced_tensor(leaf, path):
@@ -573,7 +574,7 @@ def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0,
     [ 0  1  4  9 16 25 36 49]
     >>> f = tfspmd.pmap(lambda x, y: (x + y, y * 2.), in_axes=(0, None))
     >>> print(f(tf.range(2.), 4.))
-    (ShardedArray([4., 5.], dtype=float32), ShardedArray(8., dtype=float32))
+    (ShardedArray([4., 5.], dtype=float32), ShardedArray([8., 8.], dtype=float32))
   """
   if fun is None:
     return functools.partial(

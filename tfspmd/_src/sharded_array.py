@@ -18,6 +18,13 @@ class Shard:
     device: The `Device` holding it.
     index: NumPy index of the block within the whole array.
     data: The block, a `tf.Tensor` on that device.
+
+  Example:
+    >>> import numpy as np, tfspmd
+    >>> out = tfspmd.pmap(lambda x: x + 1)(np.zeros((4, 2), np.float32))
+    >>> shard = out.addressable_shards[1]
+    >>> shard.device, shard.index, shard.data.shape
+    (Device(platform='cpu', id=1), (slice(1, 2, None), slice(None, None, None)), TensorShape([1, 2]))
   """
   device: object
   index: tuple

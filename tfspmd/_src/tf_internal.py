@@ -70,3 +70,18 @@ def wait_for_pending_ops():
 def devices_initialized():
   """True once TensorFlow has created its logical devices."""
   return _context.context()._initialized  # pylint: disable=protected-access
+
+
+def flat_caller(concrete_function):
+  """A fast way to call a ConcreteFunction with its inputs as a flat list.
+
+  `ConcreteFunction.__call__` re-binds its arguments against the Python
+  signature on every call; the pmap's cache key already guarantees they fit.
+  """
+  captured = concrete_function.captured_inputs
+  call_flat = concrete_function._call_flat  # pylint: disable=protected-access
+
+  def call(*tensors):
+    return call_flat(list(tensors), captured)
+
+  return call

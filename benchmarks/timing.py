@@ -1,0 +1,79 @@
+"""Interleaved timing: every contender measured in the same rounds, medians out.
+
+The machines these run on are shared and noisy, so contenders are measured
+side by side in alternating rounds and compared by medians and ratios from
+the same run, never across runs.
+"""
+
+import json
+import os
+import platform
+import statistics
+import time
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def interleaved(contenders, *, rounds, calls_per_round, warmup=20):
+  """Times each `contenders[name]()` call, alternating contenders by round.
+
+  Returns:
+    {name: list of per-call seconds}.
+  """
+  for function in contenders.values():
+    for _ in range(warmup):
+      function()
+  samples = {name: [] for name in contenders}
+  for _ in range(rounds):
+    for name, function in contenders.items():
+      for _ in range(calls_per_round):
+        start = time.perf_counter()
+        function()
+        samples[name].append(time.perf_counter() - start)
+  return samples
+
+
+def summarize(samples):
+  """{name: {median_us, p10_us, p90_us, calls}}."""
+  summary = {}
+  for name, values in samples.items():
+    ordered = sorted(values)
+    summary[name] = {
+        "median_us": statistics.median(ordered) * 1e6,
+        "p10_us": ordered[len(ordered) // 10] * 1e6,
+        "p90_us": ordered[(len(ordered) * 9) // 10] * 1e6,
+        "calls": len(ordered),
+    }
+  return summary
+
+
+def machine():
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  return {
+      "platform": platform.platform(),
+      "python": platform.python_version(),
+      "tensorflow": tf.__version__,
+      "cpu_count": os.cpu_count(),
+  }
+
+
+def print_table(title, rows, columns):
+  """Prints `rows` (list of dicts) as a Markdown table of `columns`."""
+  print(f"\n{title}\n")
+  print("| " + " | ".join(columns) + " |")
+  print("|" + "|".join(" --- " for _ in columns) + "|")
+  for row in rows:
+    cells = []
+    for column in columns:
+      value = row.get(column, "")
+      cells.append(f"{value:.3g}" if isinstance(value, float) else str(value))
+    print("| " + " | ".join(cells) + " |")
+
+
+def write_results(name, payload):
+  os.makedirs(RESULTS_DIR, exist_ok=True)
+  path = os.path.join(RESULTS_DIR, f"{name}.json")
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(payload, f, indent=2, sort_keys=True)
+    f.write("\n")
+  return path

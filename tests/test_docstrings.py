@@ -1,0 +1,33 @@
+"""Runs the examples in tfspmd's docstrings (on 8 logical CPU devices)."""
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import tfspmd
+
+
+def _modules():
+  names = ["tfspmd", "tfspmd.lax"]
+  for info in pkgutil.walk_packages(tfspmd.__path__, "tfspmd."):
+    names.append(info.name)
+  return sorted(set(names))
+
+
+@pytest.mark.parametrize("name", _modules())
+def test_docstring_examples(name):
+  module = importlib.import_module(name)
+  result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+  assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"
+
+
+def test_public_functions_have_examples():
+  missing = []
+  for module in (tfspmd, tfspmd.lax):
+    for name in module.__all__:
+      value = getattr(module, name)
+      if callable(value) and ">>>" not in (value.__doc__ or ""):
+        missing.append(f"{module.__name__}.{name}")
+  assert not missing, f"public names without a docstring example: {missing}"
