@@ -5,10 +5,14 @@ A collective emits a cheap `IdentityN` whose Python attribute
 the innermost bound axis: the converter sees the value stacked over that
 axis and applies one step (a sum, a gather, ...). Axes of enclosing loops
 are handled by re-emitting a marker for them from inside the converter, so
-each level of a nested pmap does its own part. Every marker also takes the
-loop index of each enclosing axis as an input: pfor only calls a converter
-when some input varies across the loop, and a collective of a constant
-(`psum(1, 'i')`) must still run.
+each level of a nested pmap does its own part.
+
+Every marker also takes the loop index of each enclosing axis as an input:
+pfor only calls a converter when some input varies across the loop, and a
+collective of a constant (`psum(1, 'i')`) must still run. pfor also checks
+that a converted output has the shape of the op's output, so a collective
+that changes the shape puts a first input of the result's per-device shape
+in front (zeros that nothing computes once the marker is converted).
 """
 
 import tensorflow as tf
@@ -20,43 +24,48 @@ _do_not_convert = tf.autograph.experimental.do_not_convert
 
 
 @_do_not_convert
-def over_axes(value, targets, step, function):
+def over_axes(value, targets, step, function, result_shape=None):
   """Applies `step` to `value` along each axis in `targets`.
 
   Args:
     value: A tensor, the per-device value.
-    targets: The `Frame`s to reduce over (from `normalize_axis_names`).
+    targets: The `Frame`s to apply `step` over (from `normalize_axis_names`).
     step: `step(tensor, stacked, frame) -> (tensor, stacked)`: given the
       value stacked over `frame`'s axis at position 0 (or unstacked, the same
       on every position, when `stacked` is False), returns the per-position
       result, stacked or not.
     function: The collective's name, for error messages.
+    result_shape: The per-device shape of the result where it differs from
+      `value`'s (collectives over a single axis only).
 
   Returns:
     The per-device result.
   """
-  return _emit(value, axis_env.frames(), tuple(targets), step, function)
+  return _emit(value, axis_env.frames(), tuple(targets), step, function,
+               result_shape)
 
 
-def _emit(value, chain, targets, step, function):
+def _emit(value, chain, targets, step, function, result_shape):
   frame = chain[-1]
-  outputs = tf.raw_ops.IdentityN(input=[value] + [f.index for f in chain])
+  head = [] if result_shape is None else [tf.zeros(result_shape, value.dtype)]
+  outputs = tf.raw_ops.IdentityN(input=head + [value] + [f.index for f in chain])
+  value_input = len(head)
 
   @_do_not_convert
   def convert(pfor_input):
-    own_index = pfor_input.input(len(chain))
+    own_index = pfor_input.input(pfor_input.num_inputs - 1)
     if not own_index.is_stacked:
       raise ValueError(
           f"{function} over axis {frame.name!r} met a loop that is not that "
           f"axis's (a tf.vectorized_map or tf.while_loop inside the mapped "
           f"function?). Use tfspmd.vmap with an axis_name instead of "
           f"tf.vectorized_map around collectives.")
-    tensor, stacked, _ = pfor_input.input(0)
+    tensor, stacked, _ = pfor_input.input(value_input)
     if any(target is frame for target in targets):
       tensor, stacked = step(tensor, stacked, frame)
     remaining = tuple(t for t in targets if t is not frame)
     if remaining:
-      tensor = _emit(tensor, chain[:-1], remaining, step, function)
+      tensor = _emit(tensor, chain[:-1], remaining, step, function, None)
     return [tf_internal.wrap_converted(tensor, stacked)] + [
         pfor_input.input(k) for k in range(1, pfor_input.num_inputs)]
 

@@ -1,15 +1,17 @@
-"""psum and pmean: all-reduce over named axes.
+"""psum, pmean, pmax, pmin: all-reduce over named axes.
 
-Lowering: a sum over the stacked axis, which DTensor turns into an
+Lowering: a reduction over the stacked axis, which DTensor turns into an
 all-reduce over the mesh dimension. The result is the same on every position
 of the axis, so it leaves the converter unstacked (no broadcast back).
-Transpose: the cotangent of psum is the psum of the cotangent.
+Transposes: the cotangent of psum is the psum of the cotangent; pmax and
+pmin send the summed cotangent to the positions that hold the extremum,
+split evenly between ties.
 """
 
 import tensorflow as tf
 
 from tfspmd._src import axis_env
-from tfspmd._src import tree
+from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
 
 
@@ -28,12 +30,6 @@ def _psum_leaf(value, targets):
     return marker.over_axes(x, targets, _sum_step, "psum"), transpose
 
   return reduce_with_transpose(value)
-
-
-def _map_leaves(function, x):
-  leaves, treedef = tree.flatten(x)
-  return treedef.unflatten([function(tf.convert_to_tensor(leaf))
-                            for leaf in leaves])
 
 
 def psum(x, axis_name):
@@ -58,7 +54,7 @@ def psum(x, axis_name):
     [0.         0.16666667 0.33333334 0.5       ]
   """
   targets = axis_env.normalize_axis_names(axis_name, "psum")
-  return _map_leaves(lambda leaf: _psum_leaf(leaf, targets), x)
+  return checks.leafwise(lambda leaf: _psum_leaf(leaf, targets), x)
 
 
 def pmean(x, axis_name):
@@ -80,4 +76,59 @@ def pmean(x, axis_name):
       return tf.cast(total, tf.float32) / count
     return total / tf.cast(count, total.dtype)
 
-  return _map_leaves(mean, x)
+  return checks.leafwise(mean, x)
+
+
+def _extremum_step(reduce):
+  def step(tensor, stacked, _):
+    if stacked:
+      return reduce(tensor, axis=0), False
+    return tensor, False
+  return step
+
+
+def _extremum(x, axis_name, function, reduce):
+  targets = axis_env.normalize_axis_names(axis_name, function)
+  step = _extremum_step(reduce)
+
+  def leaf_extremum(leaf):
+    @tf.custom_gradient
+    def extremum_with_transpose(value):
+      result = marker.over_axes(value, targets, step, function)
+
+      def transpose(cotangent):
+        holds = tf.cast(tf.equal(value, result), cotangent.dtype)
+        return (_psum_leaf(cotangent, targets) * holds /
+                _psum_leaf(holds, targets))
+
+      return result, transpose
+
+    return extremum_with_transpose(leaf)
+
+  return checks.leafwise(leaf_extremum, x)
+
+
+def pmax(x, axis_name):
+  """The elementwise maximum of `x` over the devices of the named axis (or axes).
+
+  Its gradient goes to the device(s) holding the maximum, split between ties.
+
+  Example:
+    >>> import tensorflow as tf, tfspmd
+    >>> print(tfspmd.pmap(lambda x: tfspmd.lax.pmax(x, 'i'), 'i')(
+    ...     tf.constant([3., 7., 1., 5.])))
+    [7. 7. 7. 7.]
+  """
+  return _extremum(x, axis_name, "pmax", tf.reduce_max)
+
+
+def pmin(x, axis_name):
+  """The elementwise minimum of `x` over the devices of the named axis (or axes).
+
+  Example:
+    >>> import tensorflow as tf, tfspmd
+    >>> print(tfspmd.pmap(lambda x: tfspmd.lax.pmin(x, 'i'), 'i')(
+    ...     tf.constant([3., 7., 1., 5.])))
+    [1. 1. 1. 1.]
+  """
+  return _extremum(x, axis_name, "pmin", tf.reduce_min)

@@ -1,0 +1,110 @@
+"""all_to_all and pswapaxes: each device sends one block to every device.
+
+Lowering: a transpose of the stacked axis with the split axis, which DTensor
+turns into an all-to-all over the mesh dimension. Transpose: all_to_all with
+the split and concat axes swapped.
+"""
+
+import tensorflow as tf
+
+from tfspmd._src import axis_env
+from tfspmd._src import vectorize
+from tfspmd._src.collectives import checks
+from tfspmd._src.collectives import marker
+
+
+def _all_to_all_step(split_axis, concat_axis, tiled):
+  def step(tensor, stacked, frame):
+    size = frame.size
+    if not stacked:
+      tensor = tf.tile(tf.expand_dims(tensor, 0),
+                       [size] + [1] * tensor.shape.rank)
+    # tensor: [source j, per-device dims]; split axis s is at 1 + s.
+    shape = tensor.shape.as_list()
+    if tiled:
+      block = shape[1 + split_axis] // size
+      tensor = tf.reshape(tensor, shape[:1 + split_axis] + [size, block] +
+                          shape[2 + split_axis:])
+    # Bring the destination index (the split blocks) to the front: [i, j, ...].
+    tensor = vectorize.move_axis_to_front(tensor, 1 + split_axis)
+    if tiled:
+      # [i, j, ..., block at split, ...]: concatenate j into the concat axis.
+      moved = _move_axis(tensor, 1, 1 + concat_axis)
+      shape = moved.shape.as_list()
+      merged = (shape[:1 + concat_axis] +
+                [shape[1 + concat_axis] * shape[2 + concat_axis]] +
+                shape[3 + concat_axis:])
+      return tf.reshape(moved, merged), True
+    return _move_axis(tensor, 1, 1 + concat_axis), True
+  return step
+
+
+def _move_axis(tensor, source, destination):
+  order = list(range(tensor.shape.rank))
+  order.insert(destination, order.pop(source))
+  return tf.transpose(tensor, order)
+
+
+def _all_to_all_leaf(value, frame, split_axis, concat_axis, tiled):
+  rank = value.shape.rank
+  split_axis = checks.normalize_axis(split_axis, rank, argument="split_axis",
+                                     function="all_to_all")
+  concat_axis = checks.normalize_axis(concat_axis, rank, argument="concat_axis",
+                                      function="all_to_all")
+  checks.check_divisible(value.shape[split_axis], frame.size,
+                         argument="split_axis", function="all_to_all",
+                         tiled=tiled)
+
+  @tf.custom_gradient
+  def exchange_with_transpose(x):
+    def transpose(cotangent):
+      return _all_to_all_leaf(cotangent, frame, concat_axis, split_axis, tiled)
+    shape = x.shape.as_list()
+    if tiled:
+      shape[split_axis] //= frame.size
+      shape[concat_axis] *= frame.size
+    else:
+      del shape[split_axis]
+      shape.insert(concat_axis, frame.size)
+    return marker.over_axes(
+        x, (frame,), _all_to_all_step(split_axis, concat_axis, tiled),
+        "all_to_all", result_shape=shape), transpose
+
+  return exchange_with_transpose(value)
+
+
+def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False):
+  """Splits `x` along `split_axis`, sends block i to device i, joins at `concat_axis`.
+
+  Without `tiled`, `x.shape[split_axis]` must equal the axis size; the split
+  axis disappears and a new axis of the senders appears at `concat_axis`.
+  With `tiled`, the split axis shrinks by the axis size and `concat_axis`
+  grows by it.
+
+  Example:
+    >>> import tensorflow as tf, tfspmd
+    >>> f = lambda x: tfspmd.lax.all_to_all(x, 'i', 0, 0)
+    >>> print(tfspmd.pmap(f, 'i')(tf.reshape(tf.range(4), (2, 2))))
+    [[0 2]
+     [1 3]]
+  """
+  frame = checks.single_axis(
+      axis_env.normalize_axis_names(axis_name, "all_to_all"), "all_to_all")
+  return checks.leafwise(
+      lambda v: _all_to_all_leaf(v, frame, split_axis, concat_axis, tiled), x)
+
+
+def pswapaxes(x, axis_name, axis):
+  """Swaps the mapped axis with the per-device axis `axis` (same size).
+
+  Example:
+    >>> import tensorflow as tf, tfspmd
+    >>> f = lambda x: tfspmd.lax.pswapaxes(x, 'i', 0)
+    >>> print(tfspmd.pmap(f, 'i')(tf.reshape(tf.range(4), (2, 2))))
+    [[0 2]
+     [1 3]]
+  """
+  frame = checks.single_axis(
+      axis_env.normalize_axis_names(axis_name, "pswapaxes"), "pswapaxes")
+  return checks.leafwise(
+      lambda v: _all_to_all_leaf(v, frame, axis, axis, False), x)

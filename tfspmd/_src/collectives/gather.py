@@ -1,0 +1,143 @@
+"""all_gather and psum_scatter, each other's transpose.
+
+Lowering: all_gather moves the stacked axis (split over the mesh dimension)
+to the gathered position and leaves the converter unstacked, so DTensor
+gathers it where it is used; psum_scatter sums over the stacked axis and
+moves the scattered dimension to the front, where the result is split over
+the mesh dimension again (see docs/collectives.md for what DTensor made of
+each).
+"""
+
+import tensorflow as tf
+
+from tfspmd._src import axis_env
+from tfspmd._src import vectorize
+from tfspmd._src.collectives import checks
+from tfspmd._src.collectives import marker
+
+
+def _gather_step(axis, tiled):
+  def step(tensor, stacked, frame):
+    if stacked:
+      gathered = vectorize.move_front_axis_to(tensor, axis)
+    else:
+      expanded = tf.expand_dims(tensor, axis)
+      multiples = [1] * expanded.shape.rank
+      multiples[axis] = frame.size
+      gathered = tf.tile(expanded, multiples)
+    if tiled:
+      gathered = _merge_with_next(gathered, axis)
+    return gathered, False
+  return step
+
+
+def _merge_with_next(tensor, axis):
+  shape = tensor.shape.as_list()
+  merged = shape[:axis] + [shape[axis] * shape[axis + 1]] + shape[axis + 2:]
+  return tf.reshape(tensor, merged)
+
+
+def _scatter_step(dimension, tiled):
+  def step(tensor, stacked, frame):
+    total = (tf.reduce_sum(tensor, axis=0) if stacked else
+             tensor * tf.cast(frame.size, tensor.dtype))
+    if tiled:
+      shape = total.shape.as_list()
+      total = tf.reshape(total, shape[:dimension] + [
+          frame.size, shape[dimension] // frame.size] + shape[dimension + 1:])
+    return vectorize.move_axis_to_front(total, dimension), True
+  return step
+
+
+def _all_gather_leaf(value, frame, axis, tiled):
+  rank = value.shape.rank
+  axis = checks.normalize_axis(axis, rank + (0 if tiled else 1),
+                               argument="axis", function="all_gather")
+  if tiled and rank == 0:
+    raise ValueError("all_gather: tiled=True needs a value of rank >= 1.")
+
+  @tf.custom_gradient
+  def gather_with_transpose(x):
+    def transpose(cotangent):
+      return _psum_scatter_leaf(cotangent, frame, axis, tiled)
+    shape = x.shape.as_list()
+    if tiled:
+      shape[axis] *= frame.size
+    else:
+      shape.insert(axis, frame.size)
+    return marker.over_axes(x, (frame,), _gather_step(axis, tiled),
+                            "all_gather", result_shape=shape), transpose
+
+  return gather_with_transpose(value)
+
+
+def _psum_scatter_leaf(value, frame, dimension, tiled):
+  rank = value.shape.rank
+  dimension = checks.normalize_axis(dimension, rank,
+                                    argument="scatter_dimension",
+                                    function="psum_scatter")
+  checks.check_divisible(value.shape[dimension], frame.size,
+                         argument="scatter_dimension", function="psum_scatter",
+                         tiled=tiled)
+
+  @tf.custom_gradient
+  def scatter_with_transpose(x):
+    def transpose(cotangent):
+      return _all_gather_leaf(cotangent, frame, dimension, tiled)
+    shape = x.shape.as_list()
+    if tiled:
+      shape[dimension] //= frame.size
+    else:
+      del shape[dimension]
+    return marker.over_axes(x, (frame,), _scatter_step(dimension, tiled),
+                            "psum_scatter", result_shape=shape), transpose
+
+  return scatter_with_transpose(value)
+
+
+def all_gather(x, axis_name, *, axis=0, tiled=False):
+  """Gathers `x` from every device of the named axis.
+
+  Args:
+    x: A tensor or pytree of tensors.
+    axis_name: A bound axis name.
+    axis: Where the new axis of the devices goes in the result (negative
+      counts from the end of the result).
+    tiled: If True, concatenate along `axis` instead of stacking a new axis.
+
+  Returns:
+    The same value on every device: shape `x.shape` with the axis size
+    inserted at `axis` (or `x.shape[axis]` multiplied by it when tiled).
+
+  Example:
+    >>> import tensorflow as tf, tfspmd
+    >>> f = tfspmd.pmap(lambda x: tfspmd.lax.all_gather(x, 'i'), 'i')
+    >>> print(f(tf.range(3))[1])
+    tf.Tensor([0 1 2], shape=(3,), dtype=int32)
+  """
+  frame = checks.single_axis(
+      axis_env.normalize_axis_names(axis_name, "all_gather"), "all_gather")
+  return checks.leafwise(lambda v: _all_gather_leaf(v, frame, axis, tiled), x)
+
+
+def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False):
+  """Sums `x` over the named axis and gives each device one block of the sum.
+
+  Args:
+    x: A tensor or pytree of tensors.
+    axis_name: A bound axis name.
+    scatter_dimension: The dimension split between the devices; its size must
+      equal the axis size (or divide by it when tiled).
+    tiled: If True, keep the dimension (with size divided by the axis size)
+      instead of removing it.
+
+  Example:
+    >>> import tensorflow as tf, tfspmd
+    >>> f = tfspmd.pmap(lambda x: tfspmd.lax.psum_scatter(x, 'i'), 'i')
+    >>> print(f(tf.reshape(tf.range(4.), (2, 2))))
+    [2. 4.]
+  """
+  frame = checks.single_axis(
+      axis_env.normalize_axis_names(axis_name, "psum_scatter"), "psum_scatter")
+  return checks.leafwise(
+      lambda v: _psum_scatter_leaf(v, frame, scatter_dimension, tiled), x)

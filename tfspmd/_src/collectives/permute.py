@@ -1,0 +1,111 @@
+"""ppermute and pshuffle: send each device's value to another device.
+
+Lowering: a gather along the stacked axis by the source of each destination,
+with zeros where a device receives nothing. Transpose: the inverse
+permutation.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tfspmd._src import axis_env
+from tfspmd._src.collectives import checks
+from tfspmd._src.collectives import marker
+
+
+def _check_perm(perm, size, function):
+  try:
+    pairs = [tuple(pair) for pair in perm]
+  except TypeError:
+    raise TypeError(
+        f"{function}: `perm` must be a sequence of (source, destination) "
+        f"pairs, got {perm!r}.") from None
+  for pair in pairs:
+    if len(pair) != 2 or not all(
+        isinstance(p, (int, np.integer)) and not isinstance(p, bool)
+        for p in pair):
+      raise TypeError(
+          f"{function}: each entry of `perm` must be a pair of ints "
+          f"(source, destination), got {pair!r}.")
+    if not all(0 <= p < size for p in pair):
+      raise ValueError(
+          f"{function}: `perm` entry {pair} is out of range for an axis of "
+          f"size {size}; indices must be in [0, {size}).")
+  sources = [int(s) for s, _ in pairs]
+  destinations = [int(d) for _, d in pairs]
+  for name, values in (("source", sources), ("destination", destinations)):
+    if len(set(values)) != len(values):
+      raise ValueError(
+          f"{function}: `perm` is not a permutation: a {name} appears more "
+          f"than once in {pairs}.")
+  return tuple(zip(sources, destinations))
+
+
+def _permute_step(pairs):
+  def step(tensor, stacked, frame):
+    size = frame.size
+    source_of = np.full(size, -1)
+    for source, destination in pairs:
+      source_of[destination] = source
+    if not stacked:
+      tensor = tf.tile(tf.expand_dims(tensor, 0),
+                       [size] + [1] * tensor.shape.rank)
+    moved = tf.gather(tensor, np.maximum(source_of, 0).astype(np.int32))
+    if (source_of >= 0).all():
+      return moved, True
+    receives = tf.reshape(tf.constant(source_of >= 0),
+                          [size] + [1] * (moved.shape.rank - 1))
+    return tf.where(receives, moved, tf.zeros_like(moved)), True
+  return step
+
+
+def _ppermute_leaf(value, frame, pairs):
+  @tf.custom_gradient
+  def permute_with_transpose(x):
+    def transpose(cotangent):
+      return _ppermute_leaf(cotangent, frame, tuple((d, s) for s, d in pairs))
+    return marker.over_axes(x, (frame,), _permute_step(pairs),
+                            "ppermute"), transpose
+  return permute_with_transpose(value)
+
+
+def ppermute(x, axis_name, perm):
+  """Sends each device's `x` along the named axis as `perm` says.
+
+  Args:
+    x: A tensor or pytree of tensors.
+    axis_name: A bound axis name.
+    perm: (source, destination) pairs of positions along the axis; no source
+      or destination may repeat. Devices that receive nothing get zeros.
+
+  Example:
+    >>> import tensorflow as tf, tfspmd
+    >>> shift = lambda x: tfspmd.lax.ppermute(x, 'i', [(0, 1), (1, 2), (2, 3)])
+    >>> print(tfspmd.pmap(shift, 'i')(tf.constant([1., 2., 3., 4.])))
+    [0. 1. 2. 3.]
+  """
+  frame = checks.single_axis(
+      axis_env.normalize_axis_names(axis_name, "ppermute"), "ppermute")
+  pairs = _check_perm(perm, frame.size, "ppermute")
+  return checks.leafwise(lambda v: _ppermute_leaf(v, frame, pairs), x)
+
+
+def pshuffle(x, axis_name, perm):
+  """Device i receives the `x` of device `perm[i]` (a full permutation).
+
+  Example:
+    >>> import tensorflow as tf, tfspmd
+    >>> f = lambda x: tfspmd.lax.pshuffle(x, 'i', [3, 0, 1, 2])
+    >>> print(tfspmd.pmap(f, 'i')(tf.constant([1., 2., 3., 4.])))
+    [4. 1. 2. 3.]
+  """
+  frame = checks.single_axis(
+      axis_env.normalize_axis_names(axis_name, "pshuffle"), "pshuffle")
+  sources = list(perm)
+  if sorted(sources) != list(range(frame.size)):
+    raise ValueError(
+        f"pshuffle: `perm` must be a permutation of range({frame.size}), got "
+        f"{perm!r}.")
+  pairs = _check_perm([(s, d) for d, s in enumerate(sources)], frame.size,
+                      "pshuffle")
+  return checks.leafwise(lambda v: _ppermute_leaf(v, frame, pairs), x)
