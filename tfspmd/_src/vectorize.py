@@ -52,6 +52,21 @@ def move_front_axis_to(value, axis):
   return tf.transpose(value, order)
 
 
+def repeat_along_new_axis(value, axis, size):
+  """`value` repeated `size` times along a new axis at `axis`.
+
+  A broadcasting multiply rather than `tf.tile`: DTensor's SPMD expansion of
+  Tile gives wrong values when the tiled axis is then split over a mesh
+  dimension another tensor axis was split over (TF 2.21, a 2 x 4 mesh).
+  """
+  expanded = tf.expand_dims(value, axis)
+  shape = [1] * expanded.shape.rank
+  shape[axis] = size
+  if value.dtype == tf.bool:
+    return tf.logical_and(tf.ones(shape, tf.bool), expanded)
+  return tf.ones(shape, value.dtype) * expanded
+
+
 def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
                   out_axes, on_slice=None):
   """Traces `fun` once per position of one axis, vectorized by pfor.
@@ -98,12 +113,12 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       traced.update(treedef=treedef, specs=specs, outputs=outputs,
                     paths=tree.leaf_paths(result, "output"))
       return [_mark_invariant(value, k, frame, invariant, varying)
-              if spec is None else value
-              for k, (value, spec) in enumerate(zip(outputs, specs))]
+              for k, value in enumerate(outputs)]
 
   stacked = tf_internal.vectorize_loop(loop_fn, size)
-  if varying:
-    k = varying[0]
+  unmappable = [k for k in varying if traced["specs"][k] is None]
+  if unmappable:
+    k = unmappable[0]
     raise ValueError(
         f"out_axes=None for {traced['paths'][k]}, but that output varies "
         f"across the devices of axis {axis_name!r}: out_axes=None returns one "
@@ -114,6 +129,8 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
   for k, spec in enumerate(traced["specs"]):
     if spec is None:
       values.append(invariant[k])
+    elif k in invariant:
+      values.append(repeat_along_new_axis(invariant[k], spec, size))
     else:
       values.append(move_front_axis_to(stacked[k], spec))
   return MappedResult(values=values, out_axes=traced["specs"],
@@ -151,11 +168,12 @@ def _resolve_out_axes(out_axes, result, outputs):
 
 
 def _mark_invariant(value, k, frame, invariant, varying):
-  """Passes an out_axes=None output through a marker that checks invariance.
+  """Passes an output through a marker that records whether it varies.
 
   pfor keeps a value unstacked exactly when it provably does not depend on
   the position along the axis; the converter records the unstacked value
-  (one copy, no broadcast) or notes that the output varies.
+  (one copy, for out_axes=None or to repeat it without pfor's tile) or
+  notes that the output varies.
   """
   outputs = tf.raw_ops.IdentityN(input=[value, frame.index])
 

@@ -14,28 +14,26 @@ from tfspmd._src.collectives import marker
 
 
 def _all_to_all_step(split_axis, concat_axis, tiled):
-  def step(tensor, stacked, frame):
+  def step(tensor, stacked, frame, batch_dims):
     size = frame.size
     if not stacked:
-      tensor = tf.tile(tf.expand_dims(tensor, 0),
-                       [size] + [1] * tensor.shape.rank)
-    # tensor: [source j, per-device dims]; split axis s is at 1 + s.
-    shape = tensor.shape.as_list()
+      tensor = vectorize.repeat_along_new_axis(tensor, 0, size)
+    # tensor: [source j, batch dims, per-device dims].
+    split = 1 + batch_dims + split_axis
+    concat = 1 + batch_dims + concat_axis
     if tiled:
-      block = shape[1 + split_axis] // size
-      tensor = tf.reshape(tensor, shape[:1 + split_axis] + [size, block] +
-                          shape[2 + split_axis:])
-    # Bring the destination index (the split blocks) to the front: [i, j, ...].
-    tensor = vectorize.move_axis_to_front(tensor, 1 + split_axis)
-    if tiled:
-      # [i, j, ..., block at split, ...]: concatenate j into the concat axis.
-      moved = _move_axis(tensor, 1, 1 + concat_axis)
-      shape = moved.shape.as_list()
-      merged = (shape[:1 + concat_axis] +
-                [shape[1 + concat_axis] * shape[2 + concat_axis]] +
-                shape[3 + concat_axis:])
-      return tf.reshape(moved, merged), True
-    return _move_axis(tensor, 1, 1 + concat_axis), True
+      shape = tensor.shape.as_list()
+      tensor = tf.reshape(tensor, shape[:split] + [size, shape[split] // size] +
+                          shape[split + 1:])
+    # The destination (the split blocks) goes to the front: [i, j, ...].
+    tensor = vectorize.move_axis_to_front(tensor, split)
+    moved = _move_axis(tensor, 1, concat)
+    if not tiled:
+      return moved, True
+    # Concatenate the senders j into the concat axis that follows them.
+    shape = moved.shape.as_list()
+    return tf.reshape(moved, shape[:concat] + [shape[concat] * shape[concat + 1]]
+                      + shape[concat + 2:]), True
   return step
 
 

@@ -17,16 +17,14 @@ from tfspmd._src.collectives import marker
 
 
 def _gather_step(axis, tiled):
-  def step(tensor, stacked, frame):
+  def step(tensor, stacked, frame, batch_dims):
+    position = batch_dims + axis
     if stacked:
-      gathered = vectorize.move_front_axis_to(tensor, axis)
+      gathered = vectorize.move_front_axis_to(tensor, position)
     else:
-      expanded = tf.expand_dims(tensor, axis)
-      multiples = [1] * expanded.shape.rank
-      multiples[axis] = frame.size
-      gathered = tf.tile(expanded, multiples)
+      gathered = vectorize.repeat_along_new_axis(tensor, position, frame.size)
     if tiled:
-      gathered = _merge_with_next(gathered, axis)
+      gathered = _merge_with_next(gathered, position)
     return gathered, False
   return step
 
@@ -38,14 +36,15 @@ def _merge_with_next(tensor, axis):
 
 
 def _scatter_step(dimension, tiled):
-  def step(tensor, stacked, frame):
+  def step(tensor, stacked, frame, batch_dims):
+    position = batch_dims + dimension
     total = (tf.reduce_sum(tensor, axis=0) if stacked else
              tensor * tf.cast(frame.size, tensor.dtype))
     if tiled:
       shape = total.shape.as_list()
-      total = tf.reshape(total, shape[:dimension] + [
-          frame.size, shape[dimension] // frame.size] + shape[dimension + 1:])
-    return vectorize.move_axis_to_front(total, dimension), True
+      total = tf.reshape(total, shape[:position] + [
+          frame.size, shape[position] // frame.size] + shape[position + 1:])
+    return vectorize.move_axis_to_front(total, position), True
   return step
 
 

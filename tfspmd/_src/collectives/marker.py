@@ -30,10 +30,13 @@ def over_axes(value, targets, step, function, result_shape=None):
   Args:
     value: A tensor, the per-device value.
     targets: The `Frame`s to apply `step` over (from `normalize_axis_names`).
-    step: `step(tensor, stacked, frame) -> (tensor, stacked)`: given the
-      value stacked over `frame`'s axis at position 0 (or unstacked, the same
-      on every position, when `stacked` is False), returns the per-position
-      result, stacked or not.
+    step: `step(tensor, stacked, frame, batch_dims) -> (tensor, stacked)`:
+      given the value stacked over `frame`'s axis at position 0 (or
+      unstacked, the same on every position, when `stacked` is False),
+      returns the per-position result, stacked or not. `batch_dims` leading
+      dims of each position's value (after the stacked axis) stand for
+      nested axes inside `frame`'s: the per-device value follows them, and
+      they stay in front in the result.
     function: The collective's name, for error messages.
     result_shape: The per-device shape of the result where it differs from
       `value`'s (collectives over a single axis only).
@@ -42,10 +45,10 @@ def over_axes(value, targets, step, function, result_shape=None):
     The per-device result.
   """
   return _emit(value, axis_env.frames(), tuple(targets), step, function,
-               result_shape)
+               result_shape, 0)
 
 
-def _emit(value, chain, targets, step, function, result_shape):
+def _emit(value, chain, targets, step, function, result_shape, batch_dims):
   frame = chain[-1]
   head = [] if result_shape is None else [tf.zeros(result_shape, value.dtype)]
   outputs = tf.raw_ops.IdentityN(input=head + [value] + [f.index for f in chain])
@@ -62,10 +65,14 @@ def _emit(value, chain, targets, step, function, result_shape):
           f"tf.vectorized_map around collectives.")
     tensor, stacked, _ = pfor_input.input(value_input)
     if any(target is frame for target in targets):
-      tensor, stacked = step(tensor, stacked, frame)
+      tensor, stacked = step(tensor, stacked, frame, batch_dims)
     remaining = tuple(t for t in targets if t is not frame)
     if remaining:
-      tensor = _emit(tensor, chain[:-1], remaining, step, function, None)
+      # Outer loops see this axis, where still stacked, as one more batch dim.
+      extra = [frame.size] if stacked else []
+      tensor = _emit(tensor, chain[:-1], remaining, step, function,
+                     None if result_shape is None else extra + list(result_shape),
+                     batch_dims + len(extra))
     return [tf_internal.wrap_converted(tensor, stacked)] + [
         pfor_input.input(k) for k in range(1, pfor_input.num_inputs)]
 

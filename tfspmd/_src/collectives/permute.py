@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfspmd._src import axis_env
+from tfspmd._src import vectorize
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
 
@@ -42,14 +43,13 @@ def _check_perm(perm, size, function):
 
 
 def _permute_step(pairs):
-  def step(tensor, stacked, frame):
+  def step(tensor, stacked, frame, _):
     size = frame.size
     source_of = np.full(size, -1)
     for source, destination in pairs:
       source_of[destination] = source
     if not stacked:
-      tensor = tf.tile(tf.expand_dims(tensor, 0),
-                       [size] + [1] * tensor.shape.rank)
+      tensor = vectorize.repeat_along_new_axis(tensor, 0, size)
     moved = tf.gather(tensor, np.maximum(source_of, 0).astype(np.int32))
     if (source_of >= 0).all():
       return moved, True

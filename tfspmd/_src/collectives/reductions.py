@@ -15,7 +15,7 @@ from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
 
 
-def _sum_step(tensor, stacked, frame):
+def _sum_step(tensor, stacked, frame, _):
   if stacked:
     return tf.reduce_sum(tensor, axis=0), False
   return tensor * tf.cast(frame.size, tensor.dtype), False
@@ -80,7 +80,7 @@ def pmean(x, axis_name):
 
 
 def _extremum_step(reduce):
-  def step(tensor, stacked, _):
+  def step(tensor, stacked, *_):
     if stacked:
       return reduce(tensor, axis=0), False
     return tensor, False

@@ -1,0 +1,206 @@
+"""Every collective against a NumPy reference, on 2, 4 and 8 devices.
+
+The reference runs the per-device semantics slice by slice: device i's
+input is `x[i]`, and each collective's result on device i is written out
+with NumPy below.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfspmd
+from tfspmd import lax
+
+SIZES = [2, 4, 8]
+
+
+def data(n, *shape, dtype=np.float32, seed=0):
+  return np.random.default_rng(seed + n).standard_normal((n,) + shape).astype(dtype)
+
+
+def run(function, x, **kwargs):
+  return np.asarray(tfspmd.pmap(function, axis_name="i", **kwargs)(x))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_psum_pmean_pmax_pmin(n):
+  x = data(n, 3)
+  np.testing.assert_allclose(run(lambda v: lax.psum(v, "i"), x),
+                             np.broadcast_to(x.sum(0), x.shape), rtol=1e-5)
+  np.testing.assert_allclose(run(lambda v: lax.pmean(v, "i"), x),
+                             np.broadcast_to(x.mean(0), x.shape), rtol=1e-5)
+  np.testing.assert_array_equal(run(lambda v: lax.pmax(v, "i"), x),
+                                np.broadcast_to(x.max(0), x.shape))
+  np.testing.assert_array_equal(run(lambda v: lax.pmin(v, "i"), x),
+                                np.broadcast_to(x.min(0), x.shape))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_pmean_of_integers_is_float(n):
+  x = np.arange(n, dtype=np.int32)
+  np.testing.assert_allclose(run(lambda v: lax.pmean(v, "i"), x),
+                             np.full(n, x.mean()))
+
+
+def test_collectives_of_pytrees():
+  x = {"a": data(4, 2), "b": (data(4, 3, seed=1),)}
+  out = tfspmd.pmap(lambda t: lax.psum(t, "i"), "i")(x)
+  np.testing.assert_allclose(out["a"], np.broadcast_to(x["a"].sum(0), (4, 2)), rtol=1e-5)
+  np.testing.assert_allclose(out["b"][0], np.broadcast_to(x["b"][0].sum(0), (4, 3)),
+                             rtol=1e-5)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_all_gather(n, axis):
+  x = data(n, 2, 3)
+  expected_one = np.moveaxis(x, 0, axis % 3)
+  out = run(lambda v: lax.all_gather(v, "i", axis=axis), x)
+  np.testing.assert_array_equal(out, np.broadcast_to(expected_one, (n,) + expected_one.shape))
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_all_gather_tiled(n, axis):
+  x = data(n, 2, 3)
+  expected_one = np.concatenate(list(x), axis=axis)
+  out = run(lambda v: lax.all_gather(v, "i", axis=axis, tiled=True), x)
+  np.testing.assert_array_equal(out, np.broadcast_to(expected_one, (n,) + expected_one.shape))
+
+
+def test_all_gather_of_a_broadcast_value():
+  out = tfspmd.pmap(lambda v, w: lax.all_gather(w, "i") + v, "i",
+                    in_axes=(0, None))(np.zeros(4, np.float32), np.float32(3.))
+  np.testing.assert_array_equal(out, np.full((4, 4), 3.))
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dimension", [0, 1, -1])
+def test_psum_scatter(n, dimension):
+  shape = [3, 3]
+  shape[dimension] = n
+  x = data(n, *shape)
+  total = x.sum(0)
+  expected = np.stack([np.take(total, i, axis=dimension) for i in range(n)])
+  out = run(lambda v: lax.psum_scatter(v, "i", scatter_dimension=dimension), x)
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dimension", [0, 1])
+def test_psum_scatter_tiled(n, dimension):
+  shape = [3, 3]
+  shape[dimension] = 2 * n
+  x = data(n, *shape)
+  blocks = np.split(x.sum(0), n, axis=dimension)
+  out = run(lambda v: lax.psum_scatter(v, "i", scatter_dimension=dimension,
+                                       tiled=True), x)
+  np.testing.assert_allclose(out, np.stack(blocks), rtol=1e-5, atol=1e-6)
+
+
+def reference_ppermute(x, perm):
+  out = np.zeros_like(x)
+  for source, destination in perm:
+    out[destination] = x[source]
+  return out
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_ppermute_ring_and_partial(n):
+  x = data(n, 2)
+  ring = [(i, (i + 1) % n) for i in range(n)]
+  np.testing.assert_array_equal(run(lambda v: lax.ppermute(v, "i", ring), x),
+                                reference_ppermute(x, ring))
+  partial = [(0, n - 1), (n - 1, 0)] if n > 2 else [(0, 1)]
+  np.testing.assert_array_equal(run(lambda v: lax.ppermute(v, "i", partial), x),
+                                reference_ppermute(x, partial))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_pshuffle(n):
+  x = data(n, 3)
+  perm = list(np.random.default_rng(n).permutation(n))
+  np.testing.assert_array_equal(run(lambda v: lax.pshuffle(v, "i", perm), x),
+                                x[perm])
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("split_axis, concat_axis", [(0, 0), (0, 1), (1, 0), (1, 1), (-1, 0)])
+def test_all_to_all(n, split_axis, concat_axis):
+  shape = [3, 3]
+  shape[split_axis] = n
+  x = data(n, *shape)
+  split = split_axis % 2
+  expected = []
+  for i in range(n):
+    pieces = [np.take(x[j], i, axis=split) for j in range(n)]
+    expected.append(np.stack(pieces, axis=concat_axis))
+  out = run(lambda v: lax.all_to_all(v, "i", split_axis, concat_axis), x)
+  np.testing.assert_array_equal(out, np.stack(expected))
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("split_axis, concat_axis", [(0, 0), (0, 1), (1, 0)])
+def test_all_to_all_tiled(n, split_axis, concat_axis):
+  shape = [2, 2]
+  shape[split_axis] = 2 * n
+  x = data(n, *shape)
+  expected = []
+  for i in range(n):
+    pieces = [np.split(x[j], n, axis=split_axis)[i] for j in range(n)]
+    expected.append(np.concatenate(pieces, axis=concat_axis))
+  out = run(lambda v: lax.all_to_all(v, "i", split_axis, concat_axis, tiled=True), x)
+  np.testing.assert_array_equal(out, np.stack(expected))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_pswapaxes(n):
+  x = data(n, n, 3)
+  out = run(lambda v: lax.pswapaxes(v, "i", 0), x)
+  np.testing.assert_array_equal(out, np.swapaxes(x, 0, 1))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_axis_index_and_size(n):
+  out = tfspmd.pmap(lambda v: (lax.axis_index("i"), lax.axis_size("i") + 0 * lax.axis_index("i")),
+                    "i")(np.zeros(n))
+  np.testing.assert_array_equal(out[0], np.arange(n))
+  np.testing.assert_array_equal(out[1], np.full(n, n))
+
+
+def test_collectives_over_outer_inner_and_both_axes_on_a_2d_mesh():
+  x = data(8, 3).reshape(2, 4, 3)
+
+  def f(v):
+    return (lax.pmax(v, "r"), lax.pmin(v, ("r", "c")), lax.pmean(v, "c"),
+            lax.all_gather(v, "c"), lax.ppermute(v, "r", [(0, 1), (1, 0)]),
+            lax.all_gather(v, "r"))
+
+  inner = tfspmd.pmap(f, axis_name="c")
+  out = [np.asarray(o) for o in tfspmd.pmap(inner, axis_name="r")(x)]
+  np.testing.assert_array_equal(out[0], np.broadcast_to(x.max(0), x.shape))
+  np.testing.assert_array_equal(out[1], np.broadcast_to(x.min((0, 1)), x.shape))
+  np.testing.assert_allclose(out[2], np.broadcast_to(x.mean(1, keepdims=True), x.shape), rtol=1e-5)
+  np.testing.assert_array_equal(out[3], np.broadcast_to(x[:, None], (2, 4, 4, 3)))
+  np.testing.assert_array_equal(out[4], x[::-1])
+  np.testing.assert_array_equal(
+      out[5], np.broadcast_to(np.moveaxis(x, 0, 1)[:, None], (4, 2, 2, 3)).transpose(1, 0, 2, 3))
+
+
+def test_collectives_on_a_3d_mesh():
+  x = data(8, 2).reshape(2, 2, 2, 2)
+
+  def f(v):
+    return (lax.psum(v, ("a", "c")), lax.all_to_all(v, "b", 0, 0),
+            lax.psum_scatter(v, "c"))
+
+  g = tfspmd.pmap(tfspmd.pmap(tfspmd.pmap(f, axis_name="c"), axis_name="b"),
+                  axis_name="a")
+  summed, exchanged, scattered = [np.asarray(o) for o in g(x)]
+  np.testing.assert_allclose(summed, np.broadcast_to(x.sum((0, 2), keepdims=True), x.shape),
+                             rtol=1e-5)
+  # all_to_all over 'b' of per-device vectors of length 2: out[a,i,c][j] = x[a,j,c][i].
+  np.testing.assert_array_equal(exchanged, np.swapaxes(x, 1, 3))
+  # psum_scatter over 'c': out[a,b,i] = sum_j x[a,b,j][i].
+  np.testing.assert_allclose(scattered, np.swapaxes(x.sum(2), 1, 2).swapaxes(1, 2), rtol=1e-5)
