@@ -193,21 +193,13 @@ def local_devices(backend=None):
 
 @functools.lru_cache(maxsize=None)
 def _all_devices(platform):
-  local = _local_devices(platform)
-  processes = process_count()
-  if processes == 1:
-    return local
-  count = len(local)
-  devices = []
-  for process in range(processes):
-    for k in range(count):
-      if process == process_index():
-        devices.append(local[k])
-      else:
-        devices.append(Device(id=process * count + k, platform=platform,
-                              process_index=process, local_id=k,
-                              name=_full_name(process, platform, k)))
-  return tuple(devices)
+  # Every process has as many devices of a platform as this one (DTensor's
+  # multi-client meshes assume it), numbered process by process.
+  count = len(_local_devices(platform))
+  return tuple(
+      Device(id=process * count + k, platform=platform, process_index=process,
+             local_id=k, name=_full_name(process, platform, k))
+      for process in range(process_count()) for k in range(count))
 
 
 def devices(backend=None):

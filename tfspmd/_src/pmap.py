@@ -113,6 +113,7 @@ class PmappedFunction:
     self._backend = backend
     self._axis_size = axis_size
     self._programs = {}
+    self._leaf_axes = {}
     self._lock = threading.Lock()
     functools.update_wrapper(self, fun, updated=())
 
@@ -204,8 +205,8 @@ class PmappedFunction:
     return tuple(statics)
 
   def _leaf_in_axes(self, treedef, args, static_positions, dynamic, kwargs):
-    cache_key = ("in_axes", treedef, len(args), static_positions)
-    cached = self._programs.get(cache_key)
+    cache_key = (treedef, len(args), static_positions)
+    cached = self._leaf_axes.get(cache_key)
     if cached is not None:
       return cached
     in_axes = self._in_axes
@@ -221,7 +222,7 @@ class PmappedFunction:
     specs = tree.broadcast_prefix(in_axes, dynamic, spec_name="in_axes",
                                   root="args", is_spec_leaf=arguments.is_axis_spec)
     specs += [0] * (treedef.num_leaves - len(specs))
-    self._programs[cache_key] = specs
+    self._leaf_axes[cache_key] = specs
     return specs
 
   def _paths(self, args, static_positions, kwargs):
