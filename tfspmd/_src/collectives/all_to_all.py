@@ -53,22 +53,19 @@ def _all_to_all_leaf(value, frame, split_axis, concat_axis, tiled):
                          argument="split_axis", function="all_to_all",
                          tiled=tiled)
 
-  @tf.custom_gradient
-  def exchange_with_transpose(x):
-    def transpose(cotangent):
-      return _all_to_all_leaf(cotangent, frame, concat_axis, split_axis, tiled)
-    shape = x.shape.as_list()
-    if tiled:
-      shape[split_axis] //= frame.size
-      shape[concat_axis] *= frame.size
-    else:
-      del shape[split_axis]
-      shape.insert(concat_axis, frame.size)
-    return marker.over_axes(
-        x, (frame,), _all_to_all_step(split_axis, concat_axis, tiled),
-        "all_to_all", result_shape=shape), transpose
-
-  return exchange_with_transpose(value)
+  shape = value.shape.as_list()
+  if tiled:
+    shape[split_axis] //= frame.size
+    shape[concat_axis] *= frame.size
+  else:
+    del shape[split_axis]
+    shape.insert(concat_axis, frame.size)
+  return marker.with_transpose(
+      value, (frame,), _all_to_all_step(split_axis, concat_axis, tiled),
+      "all_to_all",
+      lambda cotangent: _all_to_all_leaf(cotangent, frame, concat_axis,
+                                         split_axis, tiled),
+      result_shape=shape)
 
 
 def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False):

@@ -55,19 +55,15 @@ def _all_gather_leaf(value, frame, axis, tiled):
   if tiled and rank == 0:
     raise ValueError("all_gather: tiled=True needs a value of rank >= 1.")
 
-  @tf.custom_gradient
-  def gather_with_transpose(x):
-    def transpose(cotangent):
-      return _psum_scatter_leaf(cotangent, frame, axis, tiled)
-    shape = x.shape.as_list()
-    if tiled:
-      shape[axis] *= frame.size
-    else:
-      shape.insert(axis, frame.size)
-    return marker.over_axes(x, (frame,), _gather_step(axis, tiled),
-                            "all_gather", result_shape=shape), transpose
-
-  return gather_with_transpose(value)
+  shape = value.shape.as_list()
+  if tiled:
+    shape[axis] *= frame.size
+  else:
+    shape.insert(axis, frame.size)
+  return marker.with_transpose(
+      value, (frame,), _gather_step(axis, tiled), "all_gather",
+      lambda cotangent: _psum_scatter_leaf(cotangent, frame, axis, tiled),
+      result_shape=shape)
 
 
 def _psum_scatter_leaf(value, frame, dimension, tiled):
@@ -79,19 +75,15 @@ def _psum_scatter_leaf(value, frame, dimension, tiled):
                          argument="scatter_dimension", function="psum_scatter",
                          tiled=tiled)
 
-  @tf.custom_gradient
-  def scatter_with_transpose(x):
-    def transpose(cotangent):
-      return _all_gather_leaf(cotangent, frame, dimension, tiled)
-    shape = x.shape.as_list()
-    if tiled:
-      shape[dimension] //= frame.size
-    else:
-      del shape[dimension]
-    return marker.over_axes(x, (frame,), _scatter_step(dimension, tiled),
-                            "psum_scatter", result_shape=shape), transpose
-
-  return scatter_with_transpose(value)
+  shape = value.shape.as_list()
+  if tiled:
+    shape[dimension] //= frame.size
+  else:
+    del shape[dimension]
+  return marker.with_transpose(
+      value, (frame,), _scatter_step(dimension, tiled), "psum_scatter",
+      lambda cotangent: _all_gather_leaf(cotangent, frame, dimension, tiled),
+      result_shape=shape)
 
 
 def all_gather(x, axis_name, *, axis=0, tiled=False):

@@ -48,6 +48,22 @@ def over_axes(value, targets, step, function, result_shape=None):
                result_shape, 0)
 
 
+def with_transpose(value, targets, step, function, transpose,
+                   result_shape=None):
+  """`over_axes` of `value`, whose gradient is `transpose(cotangent)`.
+
+  A collective's cotangent is another collective (psum's is psum,
+  all_gather's is psum_scatter, ...), so a GradientTape inside the mapped
+  function differentiates the per-device program.
+  """
+
+  @tf.custom_gradient
+  def collective(x):
+    return over_axes(x, targets, step, function, result_shape), transpose
+
+  return collective(value)
+
+
 def _emit(value, chain, targets, step, function, result_shape, batch_dims):
   frame = chain[-1]
   head = [] if result_shape is None else [tf.zeros(result_shape, value.dtype)]

@@ -60,13 +60,10 @@ def _permute_step(pairs):
 
 
 def _ppermute_leaf(value, frame, pairs):
-  @tf.custom_gradient
-  def permute_with_transpose(x):
-    def transpose(cotangent):
-      return _ppermute_leaf(cotangent, frame, tuple((d, s) for s, d in pairs))
-    return marker.over_axes(x, (frame,), _permute_step(pairs),
-                            "ppermute"), transpose
-  return permute_with_transpose(value)
+  inverse = tuple((d, s) for s, d in pairs)
+  return marker.with_transpose(
+      value, (frame,), _permute_step(pairs), "ppermute",
+      lambda cotangent: _ppermute_leaf(cotangent, frame, inverse))
 
 
 def ppermute(x, axis_name, perm):

@@ -22,14 +22,9 @@ def _sum_step(tensor, stacked, frame, _):
 
 
 def _psum_leaf(value, targets):
-
-  @tf.custom_gradient
-  def reduce_with_transpose(x):
-    def transpose(cotangent):
-      return _psum_leaf(cotangent, targets)
-    return marker.over_axes(x, targets, _sum_step, "psum"), transpose
-
-  return reduce_with_transpose(value)
+  return marker.with_transpose(
+      value, targets, _sum_step, "psum",
+      lambda cotangent: _psum_leaf(cotangent, targets))
 
 
 def psum(x, axis_name):
