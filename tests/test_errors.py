@@ -177,3 +177,10 @@ def test_donated_argument_used_again():
   tfspmd.pmap(lambda v: v + 1, donate_argnums=(0,))(x)
   with pytest.raises(RuntimeError, match="donated to a pmapped function"):
     tfspmd.pmap(lambda v: v)(x)
+
+
+def test_collective_errors_name_the_collective_called():
+  with pytest.raises(ValueError, match=r"pswapaxes: `split_axis`=5 is out of range"):
+    tfspmd.pmap(lambda v: lax.pswapaxes(v, "i", 5), "i")(np.zeros((2, 2)))
+  with pytest.raises(ValueError, match=r"all_to_all: the dimension `split_axis` has size 3"):
+    tfspmd.pmap(lambda v: lax.all_to_all(v, "i", 0, 0), "i")(np.zeros((2, 3)))

@@ -7,7 +7,6 @@ the split and concat axes swapped.
 
 import tensorflow as tf
 
-from tfspmd._src import axis_env
 from tfspmd._src import vectorize
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
@@ -43,14 +42,14 @@ def _move_axis(tensor, source, destination):
   return tf.transpose(tensor, order)
 
 
-def _all_to_all_leaf(value, frame, split_axis, concat_axis, tiled):
+def _all_to_all_leaf(value, frame, split_axis, concat_axis, tiled, function):
   rank = value.shape.rank
   split_axis = checks.normalize_axis(split_axis, rank, argument="split_axis",
-                                     function="all_to_all")
+                                     function=function)
   concat_axis = checks.normalize_axis(concat_axis, rank, argument="concat_axis",
-                                      function="all_to_all")
+                                      function=function)
   checks.check_divisible(value.shape[split_axis], frame.size,
-                         argument="split_axis", function="all_to_all",
+                         argument="split_axis", function=function,
                          tiled=tiled)
 
   shape = value.shape.as_list()
@@ -62,9 +61,9 @@ def _all_to_all_leaf(value, frame, split_axis, concat_axis, tiled):
     shape.insert(concat_axis, frame.size)
   return marker.with_transpose(
       value, (frame,), _all_to_all_step(split_axis, concat_axis, tiled),
-      "all_to_all",
+      function,
       lambda cotangent: _all_to_all_leaf(cotangent, frame, concat_axis,
-                                         split_axis, tiled),
+                                         split_axis, tiled, function),
       result_shape=shape)
 
 
@@ -83,10 +82,10 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False):
     [[0 2]
      [1 3]]
   """
-  frame = checks.single_axis(
-      axis_env.normalize_axis_names(axis_name, "all_to_all"), "all_to_all")
+  frame = checks.single_axis(axis_name, "all_to_all")
   return checks.leafwise(
-      lambda v: _all_to_all_leaf(v, frame, split_axis, concat_axis, tiled), x)
+      lambda v: _all_to_all_leaf(v, frame, split_axis, concat_axis, tiled,
+                                 "all_to_all"), x)
 
 
 def pswapaxes(x, axis_name, axis):
@@ -99,7 +98,6 @@ def pswapaxes(x, axis_name, axis):
     [[0 2]
      [1 3]]
   """
-  frame = checks.single_axis(
-      axis_env.normalize_axis_names(axis_name, "pswapaxes"), "pswapaxes")
+  frame = checks.single_axis(axis_name, "pswapaxes")
   return checks.leafwise(
-      lambda v: _all_to_all_leaf(v, frame, axis, axis, False), x)
+      lambda v: _all_to_all_leaf(v, frame, axis, axis, False, "pswapaxes"), x)

@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from tfspmd._src import axis_env
 from tfspmd._src import tree
 
 
@@ -25,8 +26,9 @@ def normalize_axis(axis, rank, *, argument, function):
   return axis % rank
 
 
-def single_axis(frames, function):
-  """The one frame of a collective that takes a single axis here."""
+def single_axis(axis_name, function):
+  """The bound frame of a collective that takes a single axis here."""
+  frames = axis_env.normalize_axis_names(axis_name, function)
   if len(frames) != 1:
     names = ", ".join(repr(f.name) for f in frames)
     raise NotImplementedError(

@@ -10,7 +10,6 @@ each).
 
 import tensorflow as tf
 
-from tfspmd._src import axis_env
 from tfspmd._src import vectorize
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
@@ -106,8 +105,7 @@ def all_gather(x, axis_name, *, axis=0, tiled=False):
     >>> print(f(tf.range(3))[1])
     tf.Tensor([0 1 2], shape=(3,), dtype=int32)
   """
-  frame = checks.single_axis(
-      axis_env.normalize_axis_names(axis_name, "all_gather"), "all_gather")
+  frame = checks.single_axis(axis_name, "all_gather")
   return checks.leafwise(lambda v: _all_gather_leaf(v, frame, axis, tiled), x)
 
 
@@ -128,7 +126,6 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False):
     >>> print(f(tf.reshape(tf.range(4.), (2, 2))))
     [2. 4.]
   """
-  frame = checks.single_axis(
-      axis_env.normalize_axis_names(axis_name, "psum_scatter"), "psum_scatter")
+  frame = checks.single_axis(axis_name, "psum_scatter")
   return checks.leafwise(
       lambda v: _psum_scatter_leaf(v, frame, scatter_dimension, tiled), x)

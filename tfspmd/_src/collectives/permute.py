@@ -8,7 +8,6 @@ permutation.
 import numpy as np
 import tensorflow as tf
 
-from tfspmd._src import axis_env
 from tfspmd._src import vectorize
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
@@ -81,8 +80,7 @@ def ppermute(x, axis_name, perm):
     >>> print(tfspmd.pmap(shift, 'i')(tf.constant([1., 2., 3., 4.])))
     [0. 1. 2. 3.]
   """
-  frame = checks.single_axis(
-      axis_env.normalize_axis_names(axis_name, "ppermute"), "ppermute")
+  frame = checks.single_axis(axis_name, "ppermute")
   pairs = _check_perm(perm, frame.size, "ppermute")
   return checks.leafwise(lambda v: _ppermute_leaf(v, frame, pairs), x)
 
@@ -96,8 +94,7 @@ def pshuffle(x, axis_name, perm):
     >>> print(tfspmd.pmap(f, 'i')(tf.constant([1., 2., 3., 4.])))
     [4. 1. 2. 3.]
   """
-  frame = checks.single_axis(
-      axis_env.normalize_axis_names(axis_name, "pshuffle"), "pshuffle")
+  frame = checks.single_axis(axis_name, "pshuffle")
   sources = list(perm)
   if sorted(sources) != list(range(frame.size)):
     raise ValueError(
