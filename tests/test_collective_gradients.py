@@ -92,3 +92,34 @@ def test_extremum_gradient_goes_to_the_arg_extremum(name, reduce):
   holds = (x == reduce(x, axis=0)).astype(np.float32)
   expected = cotangent.sum(0) * holds / holds.sum(0)
   np.testing.assert_allclose(grad, expected, rtol=1e-5)
+
+
+TUPLE_CASES = {
+    "all_gather": (lambda v: lax.all_gather(v, ("c", "r"), axis=1), (3,), (3, N)),
+    "psum_scatter": (lambda v: lax.psum_scatter(v, ("r", "c"), tiled=True),
+                     (2 * N,), (2,)),
+    "ppermute": (lambda v: lax.ppermute(v, ("r", "c"), [(0, 3), (3, 1), (1, 0)]),
+                 (3,), (3,)),
+    "all_to_all": (lambda v: lax.all_to_all(v, ("c", "r"), 0, 1), (N, 2), (2, N)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TUPLE_CASES))
+def test_gradient_over_a_tuple_of_axes_matches_finite_differences(name):
+  collective, in_shape, out_shape = TUPLE_CASES[name]
+  x = rng_data(2, 2, *in_shape)
+  cotangent = rng_data(2, 2, *out_shape, seed=1)
+
+  def nested(function):
+    return tfspmd.pmap(tfspmd.pmap(function, axis_name="c"), axis_name="r")
+
+  def gradient(v, w):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      objective = tf.reduce_sum(collective(v) * w)
+    return tape.gradient(objective, v)
+
+  mapped = nested(collective)
+  expected = numeric_gradient(lambda v: np.asarray(mapped(v)), x, cotangent)
+  np.testing.assert_allclose(np.asarray(nested(gradient)(x, cotangent)),
+                             expected, rtol=2e-2, atol=2e-2)

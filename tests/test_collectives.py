@@ -204,3 +204,139 @@ def test_collectives_on_a_3d_mesh():
   np.testing.assert_array_equal(exchanged, np.swapaxes(x, 1, 3))
   # psum_scatter over 'c': out[a,b,i] = sum_j x[a,b,j][i].
   np.testing.assert_allclose(scattered, np.swapaxes(x.sum(2), 1, 2).swapaxes(1, 2), rtol=1e-5)
+
+
+# Collectives over tuples of axes act on the linear index over the named
+# axes, the first name major. The reference below builds, for each device,
+# its group (the devices that differ only along the named axes) in that
+# order and applies the per-device semantics with NumPy.
+
+
+def reference_over_axes(x, mesh_names, names, per_device):
+  mesh_shape = x.shape[:len(mesh_names)]
+  dims = [mesh_names.index(n) for n in names]
+  results = {}
+  for coords in np.ndindex(mesh_shape):
+    members = []
+    for position in np.ndindex(*[mesh_shape[d] for d in dims]):
+      member = list(coords)
+      for d, p in zip(dims, position):
+        member[d] = p
+      members.append(tuple(member))
+    results[coords] = per_device([x[m] for m in members], members.index(coords))
+  first = results[next(iter(results))]
+  out = np.empty(mesh_shape + first.shape, first.dtype)
+  for coords, value in results.items():
+    out[coords] = value
+  return out
+
+
+def gather_ref(axis, tiled):
+  return lambda values, me: (np.concatenate(values, axis) if tiled
+                             else np.stack(values, axis))
+
+
+def scatter_ref(dimension, tiled):
+  def per_device(values, me):
+    total = np.sum(values, axis=0)
+    if tiled:
+      return np.split(total, len(values), axis=dimension)[me]
+    return np.take(total, me, axis=dimension)
+  return per_device
+
+
+def permute_ref(pairs):
+  source_of = {d: s for s, d in pairs}
+  return lambda values, me: (values[source_of[me]] if me in source_of
+                             else np.zeros_like(values[0]))
+
+
+def all_to_all_ref(split_axis, concat_axis, tiled):
+  def per_device(values, me):
+    n = len(values)
+    if tiled:
+      parts = [np.split(v, n, axis=split_axis)[me] for v in values]
+      return np.concatenate(parts, axis=concat_axis)
+    parts = [np.take(v, me, axis=split_axis) for v in values]
+    return np.stack(parts, axis=concat_axis)
+  return per_device
+
+
+def nested_pmap(function, mesh_names):
+  for name in reversed(mesh_names):
+    function = tfspmd.pmap(function, axis_name=name)
+  return function
+
+
+TUPLE_CASES = [
+    (("r", "c"), (2, 4), ("r", "c")),
+    (("r", "c"), (2, 4), ("c", "r")),
+    (("a", "b", "c"), (2, 2, 2), ("a", "c")),
+    (("a", "b", "c"), (2, 2, 2), ("c", "a")),
+    (("a", "b", "c"), (2, 2, 2), ("b", "c")),
+    (("a", "b", "c"), (2, 2, 2), ("c", "b", "a")),
+    # One axis of a nested mesh, named alone.
+    (("r", "c"), (2, 4), ("r",)),
+    (("r", "c"), (2, 4), ("c",)),
+    (("a", "b", "c"), (2, 2, 2), ("b",)),
+]
+
+
+def tuple_case_id(case):
+  return "".join(case[0]) + "-over-" + "".join(case[2])
+
+
+@pytest.mark.parametrize("case", TUPLE_CASES, ids=tuple_case_id)
+def test_collectives_over_tuples_of_axes(case):
+  mesh_names, mesh_shape, names = case
+  axis_name = names[0] if len(names) == 1 else names
+  n = int(np.prod([mesh_shape[mesh_names.index(a)] for a in names]))
+  x = np.random.default_rng(7).standard_normal(
+      mesh_shape + (n, 2)).astype(np.float32)
+  ring = [(k, (k + 1) % n) for k in range(n)]
+  partial = [(0, n - 1), (n - 1, 1)] if n > 2 else [(0, 1)]
+  shuffle = [(k * 3 + 1) % n for k in range(n)] if n % 3 else list(
+      reversed(range(n)))
+  cases = {
+      "all_gather": (lambda v: lax.all_gather(v, axis_name, axis=1),
+                     gather_ref(1, False)),
+      "all_gather_tiled": (lambda v: lax.all_gather(v, axis_name, axis=-1,
+                                                    tiled=True),
+                           gather_ref(-1, True)),
+      "psum_scatter": (lambda v: lax.psum_scatter(v, axis_name),
+                       scatter_ref(0, False)),
+      "psum_scatter_tiled": (lambda v: lax.psum_scatter(
+          v, names, scatter_dimension=0, tiled=True), scatter_ref(0, True)),
+      "ppermute_ring": (lambda v: lax.ppermute(v, axis_name, ring),
+                        permute_ref(ring)),
+      "ppermute_partial": (lambda v: lax.ppermute(v, axis_name, partial),
+                           permute_ref(partial)),
+      "pshuffle": (lambda v: lax.pshuffle(v, axis_name, shuffle),
+                   permute_ref([(s, d) for d, s in enumerate(shuffle)])),
+      "all_to_all": (lambda v: lax.all_to_all(v, axis_name, 0, 1),
+                     all_to_all_ref(0, 1, False)),
+      "all_to_all_tiled": (lambda v: lax.all_to_all(v, axis_name, 0, 1,
+                                                     tiled=True),
+                           all_to_all_ref(0, 1, True)),
+      "pswapaxes": (lambda v: lax.pswapaxes(v, axis_name, 0),
+                    all_to_all_ref(0, 0, False)),
+      "axis_index": (lambda v: lax.axis_index(axis_name),
+                     lambda values, me: np.int32(me)),
+  }
+  functions = {key: f for key, (f, _) in cases.items()}
+  out = nested_pmap(lambda v: {k: f(v) for k, f in functions.items()},
+                    mesh_names)(x)
+  for key, (_, per_device) in cases.items():
+    expected = reference_over_axes(x, mesh_names, names, per_device)
+    np.testing.assert_allclose(np.asarray(out[key]), expected, rtol=1e-5,
+                               atol=1e-6, err_msg=key)
+
+
+def test_tuple_collective_of_a_value_invariant_along_an_inner_axis():
+  x = data(2, 4)
+  inner = tfspmd.pmap(lambda v, w: lax.all_gather(v, ("r", "c")) + w, "c",
+                      in_axes=(None, 0))
+  out = tfspmd.pmap(inner, "r", in_axes=(0, None))(x, np.zeros(3, np.float32))
+  assert out.shape == (2, 3, 6, 4)
+  np.testing.assert_array_equal(
+      np.asarray(out), np.broadcast_to(np.repeat(x, 3, axis=0), (2, 3, 6, 4)))

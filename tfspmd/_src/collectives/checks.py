@@ -2,7 +2,6 @@
 
 import tensorflow as tf
 
-from tfspmd._src import axis_env
 from tfspmd._src import tree
 
 
@@ -26,15 +25,12 @@ def normalize_axis(axis, rank, *, argument, function):
   return axis % rank
 
 
-def single_axis(axis_name, function):
-  """The bound frame of a collective that takes a single axis here."""
-  frames = axis_env.normalize_axis_names(axis_name, function)
-  if len(frames) != 1:
-    names = ", ".join(repr(f.name) for f in frames)
-    raise NotImplementedError(
-        f"{function} over several axes at once ({names}) is not supported "
-        f"yet; apply it over one axis at a time.")
-  return frames[0]
+def total_size(frames):
+  """The size of the linear axis over `frames`."""
+  size = 1
+  for frame in frames:
+    size *= frame.size
+  return size
 
 
 def check_divisible(extent, size, *, argument, function, tiled):

@@ -10,6 +10,7 @@ each).
 
 import tensorflow as tf
 
+from tfspmd._src import axis_env
 from tfspmd._src import vectorize
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
@@ -47,42 +48,44 @@ def _scatter_step(dimension, tiled):
   return step
 
 
-def _all_gather_leaf(value, frame, axis, tiled):
+def _all_gather_leaf(value, targets, axis, tiled):
   rank = value.shape.rank
   axis = checks.normalize_axis(axis, rank + (0 if tiled else 1),
                                argument="axis", function="all_gather")
   if tiled and rank == 0:
     raise ValueError("all_gather: tiled=True needs a value of rank >= 1.")
 
+  size = checks.total_size(targets)
   shape = value.shape.as_list()
   if tiled:
-    shape[axis] *= frame.size
+    shape[axis] *= size
   else:
-    shape.insert(axis, frame.size)
+    shape.insert(axis, size)
   return marker.with_transpose(
-      value, (frame,), _gather_step(axis, tiled), "all_gather",
-      lambda cotangent: _psum_scatter_leaf(cotangent, frame, axis, tiled),
-      result_shape=shape)
+      value, targets, _gather_step(axis, tiled), "all_gather",
+      lambda cotangent: _psum_scatter_leaf(cotangent, targets, axis, tiled),
+      result_shape=shape, joint=True, varies=False)
 
 
-def _psum_scatter_leaf(value, frame, dimension, tiled):
+def _psum_scatter_leaf(value, targets, dimension, tiled):
   rank = value.shape.rank
   dimension = checks.normalize_axis(dimension, rank,
                                     argument="scatter_dimension",
                                     function="psum_scatter")
-  checks.check_divisible(value.shape[dimension], frame.size,
+  size = checks.total_size(targets)
+  checks.check_divisible(value.shape[dimension], size,
                          argument="scatter_dimension", function="psum_scatter",
                          tiled=tiled)
 
   shape = value.shape.as_list()
   if tiled:
-    shape[dimension] //= frame.size
+    shape[dimension] //= size
   else:
     del shape[dimension]
   return marker.with_transpose(
-      value, (frame,), _scatter_step(dimension, tiled), "psum_scatter",
-      lambda cotangent: _all_gather_leaf(cotangent, frame, dimension, tiled),
-      result_shape=shape)
+      value, targets, _scatter_step(dimension, tiled), "psum_scatter",
+      lambda cotangent: _all_gather_leaf(cotangent, targets, dimension, tiled),
+      result_shape=shape, joint=True)
 
 
 def all_gather(x, axis_name, *, axis=0, tiled=False):
@@ -90,7 +93,8 @@ def all_gather(x, axis_name, *, axis=0, tiled=False):
 
   Args:
     x: A tensor or pytree of tensors.
-    axis_name: A bound axis name.
+    axis_name: A bound axis name, or a tuple of names: then the devices of
+      all of them, ordered by their linear index (the first name major).
     axis: Where the new axis of the devices goes in the result (negative
       counts from the end of the result).
     tiled: If True, concatenate along `axis` instead of stacking a new axis.
@@ -105,8 +109,9 @@ def all_gather(x, axis_name, *, axis=0, tiled=False):
     >>> print(f(tf.range(3))[1])
     tf.Tensor([0 1 2], shape=(3,), dtype=int32)
   """
-  frame = checks.single_axis(axis_name, "all_gather")
-  return checks.leafwise(lambda v: _all_gather_leaf(v, frame, axis, tiled), x)
+  targets = axis_env.normalize_axis_names(axis_name, "all_gather")
+  return checks.leafwise(lambda v: _all_gather_leaf(v, targets, axis, tiled),
+                         x)
 
 
 def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False):
@@ -114,7 +119,8 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False):
 
   Args:
     x: A tensor or pytree of tensors.
-    axis_name: A bound axis name.
+    axis_name: A bound axis name, or a tuple of names: then device k of
+      their linear index (the first name major) gets block k.
     scatter_dimension: The dimension split between the devices; its size must
       equal the axis size (or divide by it when tiled).
     tiled: If True, keep the dimension (with size divided by the axis size)
@@ -126,6 +132,6 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False):
     >>> print(f(tf.reshape(tf.range(4.), (2, 2))))
     [2. 4.]
   """
-  frame = checks.single_axis(axis_name, "psum_scatter")
+  targets = axis_env.normalize_axis_names(axis_name, "psum_scatter")
   return checks.leafwise(
-      lambda v: _psum_scatter_leaf(v, frame, scatter_dimension, tiled), x)
+      lambda v: _psum_scatter_leaf(v, targets, scatter_dimension, tiled), x)

@@ -7,6 +7,12 @@ axis and applies one step (a sum, a gather, ...). Axes of enclosing loops
 are handled by re-emitting a marker for them from inside the converter, so
 each level of a nested pmap does its own part.
 
+A reduction is separable: it sums over one axis at a time. Other
+collectives over a tuple of axes act on the linear index over all of them,
+so the levels of the inner named axes only pass the value up, stacked, and
+the level of the outermost named axis applies the step once to the value
+stacked over every named axis, flattened into one axis in the order named.
+
 Every marker also takes the loop index of each enclosing axis as an input:
 pfor only calls a converter when some input varies across the loop, and a
 collective of a constant (`psum(1, 'i')`) must still run. pfor also checks
@@ -15,41 +21,71 @@ that changes the shape puts a first input of the result's per-device shape
 in front (zeros that nothing computes once the marker is converted).
 """
 
+import dataclasses
+import math
+
 import tensorflow as tf
 
 from tfspmd._src import axis_env
 from tfspmd._src import tf_internal
+from tfspmd._src import vectorize
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
 
-@_do_not_convert
-def over_axes(value, targets, step, function, result_shape=None):
-  """Applies `step` to `value` along each axis in `targets`.
+@dataclasses.dataclass(frozen=True)
+class _Collective:
+  """What every level of one collective needs to know.
 
-  Args:
-    value: A tensor, the per-device value.
-    targets: The `Frame`s to apply `step` over (from `normalize_axis_names`).
+  Attributes:
+    targets: The named `Frame`s, in the order named.
     step: `step(tensor, stacked, frame, batch_dims) -> (tensor, stacked)`:
       given the value stacked over `frame`'s axis at position 0 (or
       unstacked, the same on every position, when `stacked` is False),
       returns the per-position result, stacked or not. `batch_dims` leading
       dims of each position's value (after the stacked axis) stand for
-      nested axes inside `frame`'s: the per-device value follows them, and
-      they stay in front in the result.
+      axes of other levels: the per-device value follows them, and they stay
+      in front in the result.
+    function: The collective's name, for error messages.
+    joint: Whether the step acts on the linear index over all targets at
+      once (False: it is applied per target, one level at a time).
+    varies: Whether a joint collective's result differs between the
+      positions of its targets (all_gather's does not).
+  """
+  targets: tuple
+  step: object
+  function: str
+  joint: bool
+  varies: bool
+
+
+@_do_not_convert
+def over_axes(value, targets, step, function, result_shape=None, *,
+              joint=False, varies=True):
+  """Applies `step` to `value` along the axes `targets`.
+
+  Args:
+    value: A tensor, the per-device value.
+    targets: The `Frame`s named (from `normalize_axis_names`).
+    step: See `_Collective.step`. With `joint`, the frame it gets stands for
+      all targets: its size is their product.
     function: The collective's name, for error messages.
     result_shape: The per-device shape of the result where it differs from
-      `value`'s (collectives over a single axis only).
+      `value`'s.
+    joint: Apply `step` once over the linear index of all targets instead of
+      once per target.
+    varies: With `joint`: whether the result differs along the targets.
 
   Returns:
     The per-device result.
   """
-  return _emit(value, axis_env.frames(), tuple(targets), step, function,
-               result_shape, 0)
+  collective = _Collective(tuple(targets), step, function,
+                           joint and len(targets) > 1, varies)
+  return _emit(value, axis_env.frames(), collective, result_shape, ())
 
 
 def with_transpose(value, targets, step, function, transpose,
-                   result_shape=None):
+                   result_shape=None, **options):
   """`over_axes` of `value`, whose gradient is `transpose(cotangent)`.
 
   A collective's cotangent is another collective (psum's is psum,
@@ -59,12 +95,18 @@ def with_transpose(value, targets, step, function, transpose,
 
   @tf.custom_gradient
   def collective(x):
-    return over_axes(x, targets, step, function, result_shape), transpose
+    return (over_axes(x, targets, step, function, result_shape, **options),
+            transpose)
 
   return collective(value)
 
 
-def _emit(value, chain, targets, step, function, result_shape, batch_dims):
+def _emit(value, chain, collective, result_shape, levels):
+  """Emits the marker of the innermost frame of `chain`.
+
+  `levels` are the frames of the leading dims of `value` that stand for
+  inner axes already passed (outermost first).
+  """
   frame = chain[-1]
   head = [] if result_shape is None else [tf.zeros(result_shape, value.dtype)]
   outputs = tf.raw_ops.IdentityN(input=head + [value] + [f.index for f in chain])
@@ -75,22 +117,73 @@ def _emit(value, chain, targets, step, function, result_shape, batch_dims):
     own_index = pfor_input.input(pfor_input.num_inputs - 1)
     if not own_index.is_stacked:
       raise ValueError(
-          f"{function} over axis {frame.name!r} met a loop that is not that "
-          f"axis's (a tf.vectorized_map or tf.while_loop inside the mapped "
-          f"function?). Use tfspmd.vmap with an axis_name instead of "
-          f"tf.vectorized_map around collectives.")
+          f"{collective.function} over axis {frame.name!r} met a loop that "
+          f"is not that axis's (a tf.vectorized_map or tf.while_loop inside "
+          f"the mapped function?). Use tfspmd.vmap with an axis_name instead "
+          f"of tf.vectorized_map around collectives.")
     tensor, stacked, _ = pfor_input.input(value_input)
-    if any(target is frame for target in targets):
-      tensor, stacked = step(tensor, stacked, frame, batch_dims)
-    remaining = tuple(t for t in targets if t is not frame)
+    remaining = _remaining_targets(collective.targets, chain[:-1])
+    tensor, stacked, out_stacked = _convert_level(
+        tensor, stacked, frame, collective, levels, outermost=not remaining)
     if remaining:
-      # Outer loops see this axis, where still stacked, as one more batch dim.
-      extra = [frame.size] if stacked else []
-      tensor = _emit(tensor, chain[:-1], remaining, step, function,
-                     None if result_shape is None else extra + list(result_shape),
-                     batch_dims + len(extra))
-    return [tf_internal.wrap_converted(tensor, stacked)] + [
+      tensor = _emit(
+          tensor, chain[:-1], collective,
+          None if result_shape is None else
+          [frame.size] * out_stacked + list(result_shape),
+          (frame,) * stacked + levels)
+    return [tf_internal.wrap_converted(tensor, out_stacked)] + [
         pfor_input.input(k) for k in range(1, pfor_input.num_inputs)]
 
   tf_internal.set_pfor_converter(outputs[0].op, convert)
   return outputs[0]
+
+
+def _remaining_targets(targets, chain):
+  return tuple(t for t in targets if any(t is f for f in chain))
+
+
+def _convert_level(tensor, stacked, frame, collective, levels, outermost):
+  """One level's part: returns (tensor, stacked, output stacked).
+
+  An inner level of a joint collective passes the tensor up with its own
+  axis stacked in front, while the output of its marker leaves that axis
+  out when the result does not vary along it.
+  """
+  if not any(t is frame for t in collective.targets):
+    return tensor, stacked, stacked
+  if not collective.joint:
+    tensor, stacked = collective.step(tensor, stacked, frame, len(levels))
+    return tensor, stacked, stacked
+  if not stacked:
+    tensor = vectorize.repeat_along_new_axis(tensor, 0, frame.size)
+  if outermost:
+    tensor = _joint_step(tensor, (frame,) + levels, collective)
+    return tensor, collective.varies, collective.varies
+  return tensor, True, collective.varies
+
+
+def _joint_step(tensor, leading, collective):
+  """Applies the step over the targets among the `leading` dims at once.
+
+  The target dims go to the front in the order named and merge into one
+  axis (the first named major, as in `axis_index` of a tuple); after the
+  step a varying result is split back into the dims it came from.
+  """
+  position = {id(f): k for k, f in enumerate(leading)}
+  target_dims = [position[id(t)] for t in collective.targets]
+  other_dims = [k for k in range(len(leading)) if k not in target_dims]
+  rest = list(range(len(leading), tensor.shape.rank))
+  order = target_dims + other_dims + rest
+  grouped = tf.transpose(tensor, order)
+  sizes = [t.size for t in collective.targets]
+  total = math.prod(sizes)
+  merged = tf.reshape(grouped, [total] + grouped.shape.as_list()[len(sizes):])
+  names = tuple(t.name for t in collective.targets)
+  result, stacked = collective.step(
+      merged, True, axis_env.Frame(names, total, None), len(other_dims))
+  if not stacked:
+    return result
+  split = tf.reshape(result, sizes + result.shape.as_list()[1:])
+  inverse = [order.index(k) for k in range(len(leading))]
+  return tf.transpose(split, inverse + list(range(len(leading),
+                                                  split.shape.rank)))

@@ -8,6 +8,7 @@ permutation.
 import numpy as np
 import tensorflow as tf
 
+from tfspmd._src import axis_env
 from tfspmd._src import vectorize
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
@@ -58,11 +59,11 @@ def _permute_step(pairs):
   return step
 
 
-def _ppermute_leaf(value, frame, pairs):
+def _ppermute_leaf(value, targets, pairs):
   inverse = tuple((d, s) for s, d in pairs)
   return marker.with_transpose(
-      value, (frame,), _permute_step(pairs), "ppermute",
-      lambda cotangent: _ppermute_leaf(cotangent, frame, inverse))
+      value, targets, _permute_step(pairs), "ppermute",
+      lambda cotangent: _ppermute_leaf(cotangent, targets, inverse), joint=True)
 
 
 def ppermute(x, axis_name, perm):
@@ -70,7 +71,8 @@ def ppermute(x, axis_name, perm):
 
   Args:
     x: A tensor or pytree of tensors.
-    axis_name: A bound axis name.
+    axis_name: A bound axis name, or a tuple of names: then positions are
+      linear indices over them (the first name major).
     perm: (source, destination) pairs of positions along the axis; no source
       or destination may repeat. Devices that receive nothing get zeros.
 
@@ -80,9 +82,9 @@ def ppermute(x, axis_name, perm):
     >>> print(tfspmd.pmap(shift, 'i')(tf.constant([1., 2., 3., 4.])))
     [0. 1. 2. 3.]
   """
-  frame = checks.single_axis(axis_name, "ppermute")
-  pairs = _check_perm(perm, frame.size, "ppermute")
-  return checks.leafwise(lambda v: _ppermute_leaf(v, frame, pairs), x)
+  targets = axis_env.normalize_axis_names(axis_name, "ppermute")
+  pairs = _check_perm(perm, checks.total_size(targets), "ppermute")
+  return checks.leafwise(lambda v: _ppermute_leaf(v, targets, pairs), x)
 
 
 def pshuffle(x, axis_name, perm):
@@ -94,12 +96,13 @@ def pshuffle(x, axis_name, perm):
     >>> print(tfspmd.pmap(f, 'i')(tf.constant([1., 2., 3., 4.])))
     [4. 1. 2. 3.]
   """
-  frame = checks.single_axis(axis_name, "pshuffle")
+  targets = axis_env.normalize_axis_names(axis_name, "pshuffle")
+  size = checks.total_size(targets)
   sources = list(perm)
-  if sorted(sources) != list(range(frame.size)):
+  if sorted(sources) != list(range(size)):
     raise ValueError(
-        f"pshuffle: `perm` must be a permutation of range({frame.size}), got "
+        f"pshuffle: `perm` must be a permutation of range({size}), got "
         f"{perm!r}.")
-  pairs = _check_perm([(s, d) for d, s in enumerate(sources)], frame.size,
+  pairs = _check_perm([(s, d) for d, s in enumerate(sources)], size,
                       "pshuffle")
-  return checks.leafwise(lambda v: _ppermute_leaf(v, frame, pairs), x)
+  return checks.leafwise(lambda v: _ppermute_leaf(v, targets, pairs), x)
