@@ -26,6 +26,7 @@ from tfspmd._src.devices import set_num_cpu_devices as set_num_cpu_devices
 from tfspmd._src.pmap import pmap as pmap
 from tfspmd._src.sharded_array import Shard as Shard
 from tfspmd._src.sharded_array import ShardedArray as ShardedArray
+from tfspmd._src.vmap import vmap as vmap
 
 __version__ = "0.1.0"
 
@@ -42,4 +43,5 @@ __all__ = [
     "process_count",
     "process_index",
     "set_num_cpu_devices",
+    "vmap",
 ]

@@ -52,6 +52,23 @@ class TraceState:
   input_splits: dict = dataclasses.field(default_factory=dict)
   output_splits: dict = dataclasses.field(default_factory=dict)
 
+  def slice_tracker(self, values, axes):
+    """`on_slice` for a nested map of `values` along `axes`.
+
+    A slice of a tensor that is an input leaf with axes mapped away is
+    itself such a tensor, with one axis fewer, so a pmap nested deeper can
+    still say which input axis it splits.
+    """
+
+    def on_slice(leaf, piece, _):
+      origin = self.origins.get(id(values[leaf]))
+      if origin is not None and origin[0] is values[leaf]:
+        _, source_leaf, source_axes = origin
+        self.origins[id(piece)] = (piece, source_leaf, [
+            a for k, a in enumerate(source_axes) if k != axes[leaf]])
+
+    return on_slice
+
 
 class _State(threading.local):
 
@@ -93,6 +110,16 @@ def tracing(state):
     yield state
   finally:
     _state.frames, _state.trace = saved_frames, saved_trace
+
+
+def check_not_bound(axis_name, transform):
+  """Raises if an enclosing map already binds `axis_name`."""
+  for frame in _state.frames:
+    if frame.name == axis_name:
+      raise ValueError(
+          f"{transform}: axis name {_describe(axis_name)} is already bound by "
+          f"an enclosing pmap or vmap; give the nested {transform} another "
+          f"axis_name.")
 
 
 def _describe(name):

@@ -23,6 +23,7 @@ from tensorflow.experimental import dtensor
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
+from tfspmd._src import mapped_args
 from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import tf_internal
@@ -77,25 +78,18 @@ class PmappedFunction:
                donate_argnums):
     if not callable(fun):
       raise TypeError(f"pmap: `fun` must be callable, got {fun!r}.")
-    if isinstance(in_axes, list):
-      in_axes = tuple(in_axes)
-    arguments.check_axis_spec_tree(in_axes, "in_axes")
     arguments.check_axis_spec_tree(out_axes, "out_axes")
-    self._static_argnums = _argnums(static_broadcasted_argnums,
-                                    "static_broadcasted_argnums")
+    static_argnums = _argnums(static_broadcasted_argnums,
+                              "static_broadcasted_argnums")
     self._donate_argnums = _argnums(donate_argnums, "donate_argnums")
-    overlap = set(self._static_argnums) & set(self._donate_argnums)
+    overlap = set(static_argnums) & set(self._donate_argnums)
     if overlap:
       raise ValueError(
           f"pmap: arguments {sorted(overlap)} are both static "
           f"(static_broadcasted_argnums) and donated (donate_argnums); a "
           f"static argument has no buffer to donate.")
-    if axis_size is not None and (isinstance(axis_size, bool) or
-                                  not isinstance(axis_size, int) or
-                                  axis_size < 1):
-      raise ValueError(
-          f"pmap: `axis_size` must be a positive int or None, got "
-          f"{axis_size!r}.")
+    self._args = mapped_args.MappedArguments("pmap", in_axes, static_argnums,
+                                             axis_size)
     if axis_name is None:
       axis_name = axis_env.private_axis_name(
           getattr(fun, "__name__", type(fun).__name__))
@@ -107,13 +101,10 @@ class PmappedFunction:
             f"pmap: `axis_name` must be hashable, got {axis_name!r}.") from None
     self._fun = fun
     self._axis_name = axis_name
-    self._in_axes = in_axes
     self._out_axes = out_axes
     self._devices = _check_devices(devices, backend)
     self._backend = backend
-    self._axis_size = axis_size
     self._programs = {}
-    self._leaf_axes = {}
     self._lock = threading.Lock()
     functools.update_wrapper(self, fun, updated=())
 
@@ -130,12 +121,12 @@ class PmappedFunction:
   def __call__(self, *args, **kwargs):
     if axis_env.trace_state() is not None:
       return self._call_nested(args, kwargs)
-    static_positions = self._static_positions(len(args))
-    statics = self._statics(args, static_positions)
+    static_positions = self._args.static_positions(len(args))
+    statics = self._args.statics(args, static_positions)
     dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
     leaves, treedef = tree.flatten((dynamic, kwargs))
-    in_axes = self._leaf_in_axes(treedef, args, static_positions, dynamic,
-                                 kwargs)
+    in_axes = self._args.leaf_in_axes(treedef, args, static_positions,
+                                      dynamic)
     paths = None
     values, signature = [], []
     for k, leaf in enumerate(leaves):
@@ -150,7 +141,7 @@ class PmappedFunction:
         ready = isinstance(leaf, np.ndarray) and leaf.dtype.kind in "biufc"
       if not ready:
         if paths is None:
-          paths = self._paths(args, static_positions, kwargs)
+          paths = self._args.paths(args, static_positions, kwargs)
         leaf = arguments.to_array_leaf(leaf, paths[k])
       values.append(leaf)
       signature.append((None, tuple(leaf.shape), tf.as_dtype(leaf.dtype)))
@@ -174,83 +165,23 @@ class PmappedFunction:
       self._delete_donated(args, results)
     return program.output_treedef.unflatten(results)
 
-  def _static_positions(self, count):
-    if not self._static_argnums:
-      return frozenset()
-    positions = set()
-    for num in self._static_argnums:
-      position = num + count if num < 0 else num
-      if not 0 <= position < count:
-        raise ValueError(
-            f"pmapped function has static_broadcasted_argnums="
-            f"{self._static_argnums}, but was called with only {count} "
-            f"positional argument(s). Pass every static argument "
-            f"positionally.")
-      positions.add(position)
-    return frozenset(positions)
-
-  def _statics(self, args, static_positions):
-    statics = []
-    for position in sorted(static_positions):
-      value = args[position]
-      try:
-        hash(value)
-      except TypeError as e:
-        raise ValueError(
-            f"static argument args[{position}] of the pmapped function is not "
-            f"hashable: {type(value).__name__} {value!r} ({e}). Static "
-            f"arguments must be hashable (a tuple instead of a list, for "
-            f"example) because each value gets its own trace.") from None
-      statics.append((position, value))
-    return tuple(statics)
-
-  def _leaf_in_axes(self, treedef, args, static_positions, dynamic, kwargs):
-    cache_key = (treedef, len(args), static_positions)
-    cached = self._leaf_axes.get(cache_key)
-    if cached is not None:
-      return cached
-    in_axes = self._in_axes
-    if isinstance(in_axes, tuple):
-      if len(in_axes) != len(args):
-        raise ValueError(
-            f"pmap in_axes has {len(in_axes)} entries, but the function was "
-            f"called with {len(args)} positional argument(s); give one entry "
-            f"per positional argument (static ones included), or a single "
-            f"int or None for all of them. in_axes={in_axes!r}.")
-      in_axes = tuple(a for i, a in enumerate(in_axes)
-                      if i not in static_positions)
-    specs = tree.broadcast_prefix(in_axes, dynamic, spec_name="in_axes",
-                                  root="args", is_spec_leaf=arguments.is_axis_spec)
-    specs += [0] * (treedef.num_leaves - len(specs))
-    self._leaf_axes[cache_key] = specs
-    return specs
-
-  def _paths(self, args, static_positions, kwargs):
-    paths = []
-    for i, arg in enumerate(args):
-      if i not in static_positions:
-        paths += tree.leaf_paths(arg, f"args[{i}]")
-    for key in sorted(kwargs):
-      paths += tree.leaf_paths(kwargs[key], f"kwargs[{key!r}]")
-    return paths
-
   # --- tracing -----------------------------------------------------------
 
   def _trace(self, key, args, static_positions, statics, dynamic, kwargs,
              values, in_axes):
-    paths = self._paths(args, static_positions, kwargs)
+    paths = self._args.paths(args, static_positions, kwargs)
     shapes = [tuple(value.shape) for value in values]
     axes = [None if axis is None else arguments.normalize_axis(
         axis, len(shape), spec_name="in_axes", path=path)
             for axis, shape, path in zip(in_axes, shapes, paths)]
-    size = self._mapped_size(axes, shapes, paths)
+    size = self._args.mapped_size(axes, shapes, paths)
     devices = self._mesh_devices(size)
     top_dim = mesh_lib.mesh_dim_name(self._axis_name, 0)
     state = axis_env.TraceState(
         mesh_axes=[(self._axis_name, size, top_dim)],
         max_devices=len(devices) if self._devices is None else size)
     dtypes = [value.dtype for value in values]
-    rebuild = self._rebuilder(dynamic, kwargs, statics)
+    rebuild = self._args.rebuilder(dynamic, kwargs, statics)
     built = {}
 
     def on_slice(leaf, piece, _):
@@ -310,48 +241,6 @@ class PmappedFunction:
       self._programs[key] = program
     return program
 
-  def _rebuilder(self, dynamic, kwargs, statics):
-    """Makes `rebuild(per_device_leaves) -> (args, kwargs)` for this call."""
-    _, treedef = tree.flatten((dynamic, kwargs))
-
-    def rebuild(per_device):
-      dynamic_values, kw = treedef.unflatten(per_device)
-      full = list(dynamic_values)
-      for position, value in statics:
-        full.insert(position, value)
-      return tuple(full), kw
-
-    return rebuild
-
-  def _mapped_size(self, axes, shapes, paths):
-    sizes = [(path, shape, axis, shape[axis])
-             for path, shape, axis in zip(paths, shapes, axes)
-             if axis is not None]
-    distinct = {size for *_, size in sizes}
-    if len(distinct) > 1:
-      lines = "\n".join(
-          f"  {path} of shape {tuple(shape)} mapped along axis {axis} has "
-          f"size {size}" for path, shape, axis, size in sizes)
-      raise ValueError(
-          f"pmap got inconsistent sizes for array axes to be mapped:\n{lines}")
-    if not distinct:
-      if self._axis_size is None:
-        raise ValueError(
-            "pmap has no mapped argument to take the axis size from (every "
-            "in_axes is None, or there are no array arguments); pass "
-            "axis_size= to pmap.")
-      return self._axis_size
-    size = distinct.pop()
-    if self._axis_size is not None and self._axis_size != size:
-      raise ValueError(
-          f"pmap was given axis_size={self._axis_size}, but its mapped "
-          f"arguments have size {size} along the mapped axis.")
-    if size == 0:
-      raise ValueError(
-          "pmap's mapped axis has size 0; a pmap needs at least one device's "
-          "worth of data (mapped size >= 1).")
-    return size
-
   def _mesh_devices(self, size):
     """The devices of the call: the given ones, or the first local ones."""
     if self._devices is not None:
@@ -394,25 +283,21 @@ class PmappedFunction:
           "pmap: nested pmaps with devices= are not supported (as in JAX); "
           "give devices= to neither, and the nested mesh uses the first "
           "devices of the outer pmap's platform.")
-    for frame in axis_env.frames():
-      if frame.name == self._axis_name:
-        raise ValueError(
-            f"pmap: axis name {self._axis_name!r} is already bound by an "
-            f"enclosing pmap or vmap; give the nested pmap another axis_name.")
-    static_positions = self._static_positions(len(args))
-    statics = self._statics(args, static_positions)
+    axis_env.check_not_bound(self._axis_name, "pmap")
+    static_positions = self._args.static_positions(len(args))
+    statics = self._args.statics(args, static_positions)
     dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
     leaves, treedef = tree.flatten((dynamic, kwargs))
-    paths = self._paths(args, static_positions, kwargs)
-    in_axes = self._leaf_in_axes(treedef, args, static_positions, dynamic,
-                                 kwargs)
+    paths = self._args.paths(args, static_positions, kwargs)
+    in_axes = self._args.leaf_in_axes(treedef, args, static_positions,
+                                      dynamic)
     values = [_traced_tensor(leaf, path) for leaf, path in zip(leaves, paths)]
     shapes = [tuple(v.shape) for v in values]
     axes = [None if axis is None else arguments.normalize_axis(
         axis, len(shape), spec_name="in_axes", path=path)
             for axis, shape, path in zip(in_axes, shapes, paths)]
-    size = self._mapped_size(axes, shapes, paths)
-    depth = len(axis_env.frames())
+    size = self._args.mapped_size(axes, shapes, paths)
+    depth = sum(1 for frame in axis_env.frames() if frame.mesh_dim is not None)
     mesh_dim = _register_nested_axis(state, self._axis_name, size, depth)
 
     for leaf, (value, axis) in enumerate(zip(values, axes)):
@@ -422,18 +307,11 @@ class PmappedFunction:
         splits = state.input_splits.setdefault(source_leaf, {})
         splits.setdefault(source_axes[axis], mesh_dim)
 
-    def on_slice(leaf, piece, _):
-      origin = state.origins.get(id(values[leaf]))
-      if origin is not None and origin[0] is values[leaf]:
-        _, source_leaf, source_axes = origin
-        state.origins[id(piece)] = (piece, source_leaf, [
-            a for k, a in enumerate(source_axes) if k != axes[leaf]])
-
     result = vectorize.map_over_axis(
         self._fun, frame_template=(self._axis_name, size, mesh_dim),
         inputs=values, in_axes=axes,
-        rebuild_args=self._rebuilder(dynamic, kwargs, statics),
-        out_axes=self._out_axes, on_slice=on_slice)
+        rebuild_args=self._args.rebuilder(dynamic, kwargs, statics),
+        out_axes=self._out_axes, on_slice=state.slice_tracker(values, axes))
     for value, axis, per_device in zip(result.values, result.out_axes,
                                        result.per_device):
       if axis is None:

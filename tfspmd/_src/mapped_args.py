@@ -1,0 +1,150 @@
+"""The arguments of a call to a mapped function (pmap or vmap).
+
+Splits off static arguments, resolves in_axes over the leaves, finds the
+mapped size, and rebuilds the per-position arguments inside the trace. The
+messages name the transformation ("pmap", "vmap") and the pytree path of
+the argument at fault.
+"""
+
+import threading
+
+from tfspmd._src import arguments
+from tfspmd._src import tree
+
+
+class MappedArguments:
+  """How one mapped function binds its call's arguments.
+
+  Args:
+    transform: "pmap" or "vmap", for messages.
+    in_axes: The in_axes spec (an int, None, or a tree prefix).
+    static_argnums: Positions of static arguments (already checked).
+    axis_size: The axis size given by the user, or None.
+  """
+
+  def __init__(self, transform, in_axes, static_argnums, axis_size):
+    if isinstance(in_axes, list):
+      in_axes = tuple(in_axes)
+    arguments.check_axis_spec_tree(in_axes, "in_axes")
+    if axis_size is not None and (isinstance(axis_size, bool) or
+                                  not isinstance(axis_size, int) or
+                                  axis_size < 1):
+      raise ValueError(
+          f"{transform}: `axis_size` must be a positive int or None, got "
+          f"{axis_size!r}.")
+    self.transform = transform
+    self.in_axes = in_axes
+    self.static_argnums = static_argnums
+    self.axis_size = axis_size
+    self._leaf_axes = {}
+    self._lock = threading.Lock()
+
+  def static_positions(self, count):
+    if not self.static_argnums:
+      return frozenset()
+    positions = set()
+    for num in self.static_argnums:
+      position = num + count if num < 0 else num
+      if not 0 <= position < count:
+        raise ValueError(
+            f"{self.transform}ped function has static_broadcasted_argnums="
+            f"{self.static_argnums}, but was called with only {count} "
+            f"positional argument(s). Pass every static argument "
+            f"positionally.")
+      positions.add(position)
+    return frozenset(positions)
+
+  def statics(self, args, static_positions):
+    found = []
+    for position in sorted(static_positions):
+      value = args[position]
+      try:
+        hash(value)
+      except TypeError as e:
+        raise ValueError(
+            f"static argument args[{position}] of the {self.transform}ped "
+            f"function is not hashable: {type(value).__name__} {value!r} "
+            f"({e}). Static arguments must be hashable (a tuple instead of a "
+            f"list, for example) because each value gets its own trace."
+        ) from None
+      found.append((position, value))
+    return tuple(found)
+
+  def leaf_in_axes(self, treedef, args, static_positions, dynamic):
+    """The in axis of each leaf (keyword arguments: 0), cached per tree."""
+    cache_key = (treedef, len(args), static_positions)
+    cached = self._leaf_axes.get(cache_key)
+    if cached is not None:
+      return cached
+    in_axes = self.in_axes
+    if isinstance(in_axes, tuple):
+      if len(in_axes) != len(args):
+        raise ValueError(
+            f"{self.transform} in_axes has {len(in_axes)} entries, but the "
+            f"function was called with {len(args)} positional argument(s); "
+            f"give one entry per positional argument (static ones included), "
+            f"or a single int or None for all of them. in_axes={in_axes!r}.")
+      in_axes = tuple(a for i, a in enumerate(in_axes)
+                      if i not in static_positions)
+    specs = tree.broadcast_prefix(in_axes, dynamic, spec_name="in_axes",
+                                  root="args",
+                                  is_spec_leaf=arguments.is_axis_spec)
+    specs += [0] * (treedef.num_leaves - len(specs))
+    with self._lock:
+      self._leaf_axes[cache_key] = specs
+    return specs
+
+  @staticmethod
+  def paths(args, static_positions, kwargs):
+    found = []
+    for i, arg in enumerate(args):
+      if i not in static_positions:
+        found += tree.leaf_paths(arg, f"args[{i}]")
+    for key in sorted(kwargs):
+      found += tree.leaf_paths(kwargs[key], f"kwargs[{key!r}]")
+    return found
+
+  def mapped_size(self, axes, shapes, paths):
+    """The size of the mapped axis, checked across the mapped leaves."""
+    sizes = [(path, shape, axis, shape[axis])
+             for path, shape, axis in zip(paths, shapes, axes)
+             if axis is not None]
+    distinct = {size for *_, size in sizes}
+    if len(distinct) > 1:
+      lines = "\n".join(
+          f"  {path} of shape {tuple(shape)} mapped along axis {axis} has "
+          f"size {size}" for path, shape, axis, size in sizes)
+      raise ValueError(
+          f"{self.transform} got inconsistent sizes for array axes to be "
+          f"mapped:\n{lines}")
+    if not distinct:
+      if self.axis_size is None:
+        raise ValueError(
+            f"{self.transform} has no mapped argument to take the axis size "
+            f"from (every in_axes is None, or there are no array arguments); "
+            f"pass axis_size= to {self.transform}.")
+      return self.axis_size
+    size = distinct.pop()
+    if self.axis_size is not None and self.axis_size != size:
+      raise ValueError(
+          f"{self.transform} was given axis_size={self.axis_size}, but its "
+          f"mapped arguments have size {size} along the mapped axis.")
+    if size == 0:
+      raise ValueError(
+          f"{self.transform}'s mapped axis has size 0; a {self.transform} "
+          f"needs at least one position (mapped size >= 1).")
+    return size
+
+  @staticmethod
+  def rebuilder(dynamic, kwargs, statics):
+    """Makes `rebuild(per_position_leaves) -> (args, kwargs)` for a call."""
+    _, treedef = tree.flatten((dynamic, kwargs))
+
+    def rebuild(per_position):
+      dynamic_values, kw = treedef.unflatten(per_position)
+      full = list(dynamic_values)
+      for position, value in statics:
+        full.insert(position, value)
+      return tuple(full), kw
+
+    return rebuild

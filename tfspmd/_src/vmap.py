@@ -1,0 +1,135 @@
+"""vmap: vectorize a function over an axis of its arguments, on one device.
+
+The same pfor vectorization as one level of pmap, with no mesh dimension:
+the mapped axis stays a plain tensor axis. A named vmap axis takes part in
+collectives like a pmap axis (`psum` over it sums along the axis), inside
+or around pmaps.
+"""
+
+import functools
+
+import tensorflow as tf
+
+from tfspmd._src import arguments
+from tfspmd._src import axis_env
+from tfspmd._src import mapped_args
+from tfspmd._src import tree
+from tfspmd._src import vectorize
+
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
+
+class VmappedFunction:
+  """The callable `vmap` returns; call it like the function it maps."""
+
+  def __init__(self, fun, in_axes, out_axes, axis_name, axis_size):
+    if not callable(fun):
+      raise TypeError(f"vmap: `fun` must be callable, got {fun!r}.")
+    arguments.check_axis_spec_tree(out_axes, "out_axes")
+    self._args = mapped_args.MappedArguments("vmap", in_axes, (), axis_size)
+    if axis_name is None:
+      axis_name = axis_env.private_axis_name(
+          getattr(fun, "__name__", type(fun).__name__))
+    else:
+      try:
+        hash(axis_name)
+      except TypeError:
+        raise TypeError(
+            f"vmap: `axis_name` must be hashable, got {axis_name!r}.") from None
+    self._fun = fun
+    self._axis_name = axis_name
+    self._out_axes = out_axes
+    self._functions = {}
+    functools.update_wrapper(self, fun, updated=())
+
+  def __repr__(self):
+    return f"<vmap of {self._fun!r} over axis {self._axis_name!r}>"
+
+  def __get__(self, instance, owner):
+    if instance is None:
+      return self
+    return functools.partial(self, instance)
+
+  def __call__(self, *args, **kwargs):
+    if tf.inside_function():
+      return self._vectorize(args, kwargs)
+    # pfor builds a graph: outside one, each call structure gets a
+    # tf.function of its own.
+    leaves, treedef = tree.flatten((args, kwargs))
+    function = self._functions.get(treedef)
+    if function is None:
+      function = tf.function(
+          _do_not_convert(lambda *flat: self._vectorize(
+              *treedef.unflatten(list(flat)))), autograph=False)
+      self._functions[treedef] = function
+    return function(*[_to_tensor(leaf) for leaf in leaves])
+
+  def _vectorize(self, args, kwargs):
+    axis_env.check_not_bound(self._axis_name, "vmap")
+    dynamic = tuple(args)
+    leaves, treedef = tree.flatten((dynamic, kwargs))
+    paths = self._args.paths(args, frozenset(), kwargs)
+    in_axes = self._args.leaf_in_axes(treedef, args, frozenset(), dynamic)
+    values = [_traced_tensor(leaf, path) for leaf, path in zip(leaves, paths)]
+    shapes = [tuple(v.shape) for v in values]
+    axes = [None if axis is None else arguments.normalize_axis(
+        axis, len(shape), spec_name="in_axes", path=path)
+            for axis, shape, path in zip(in_axes, shapes, paths)]
+    size = self._args.mapped_size(axes, shapes, paths)
+    state = axis_env.trace_state()
+    result = vectorize.map_over_axis(
+        self._fun, frame_template=(self._axis_name, size, None),
+        inputs=values, in_axes=axes,
+        rebuild_args=self._args.rebuilder(dynamic, kwargs, ()),
+        out_axes=self._out_axes,
+        on_slice=None if state is None else state.slice_tracker(values, axes))
+    return result.treedef.unflatten(result.values)
+
+
+def _to_tensor(leaf):
+  return leaf if isinstance(leaf, tf.Tensor) else tf.convert_to_tensor(leaf)
+
+
+def _traced_tensor(leaf, path):
+  if isinstance(leaf, tf.Tensor):
+    return leaf
+  return tf.convert_to_tensor(arguments.to_array_leaf(leaf, path))
+
+
+def vmap(fun=None, in_axes=0, out_axes=0, axis_name=None, axis_size=None):
+  """Vectorizes `fun` over an axis of its arguments, like `jax.vmap`.
+
+  `fun` is written for one slice; the result stacks its outputs along
+  `out_axes`. With an `axis_name`, collectives inside `fun` (and inside
+  pmaps or vmaps nested in it) can name the axis: `psum` over it sums the
+  slices, `axis_index` is the slice's position, and so on. Inside a pmap,
+  a vmap adds an axis that stays on each device.
+
+  Args:
+    fun: The per-slice function; tensors, NumPy arrays or Python numbers in
+      tuples, lists, dicts or namedtuples in and out.
+    in_axes: For each positional argument, the axis to map over (negative
+      counts from the end), None to pass it whole to every slice, or a tree
+      prefix of the arguments holding those. Keyword arguments are mapped
+      over axis 0.
+    out_axes: Where the mapped axis goes in each output (None for an output
+      that is the same for every slice), or a tree prefix of the output.
+    axis_name: A hashable name for the axis, for collectives.
+    axis_size: The axis size when no argument is mapped.
+
+  Returns:
+    A callable with `fun`'s arguments (with the extra mapped axis) that
+    returns `tf.Tensor`s.
+
+  Example:
+    >>> import tensorflow as tf, tfspmd
+    >>> print(tfspmd.vmap(lambda x: x * 2)(tf.range(3)))
+    tf.Tensor([0 2 4], shape=(3,), dtype=int32)
+    >>> center = lambda x: x - tfspmd.lax.pmean(x, 'b')
+    >>> print(tfspmd.vmap(center, axis_name='b')(tf.constant([1., 2., 6.])))
+    tf.Tensor([-2. -1.  3.], shape=(3,), dtype=float32)
+  """
+  if fun is None:
+    return functools.partial(vmap, in_axes=in_axes, out_axes=out_axes,
+                             axis_name=axis_name, axis_size=axis_size)
+  return VmappedFunction(fun, in_axes, out_axes, axis_name, axis_size)
