@@ -26,6 +26,7 @@ from tfspmd._src import devices as devices_lib
 from tfspmd._src import mapped_args
 from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import placement as placement_lib
+from tfspmd._src import steps as steps_lib
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
 from tfspmd._src import vectorize
@@ -75,7 +76,7 @@ class PmappedFunction:
 
   def __init__(self, fun, axis_name, in_axes, out_axes,
                static_broadcasted_argnums, devices, backend, axis_size,
-               donate_argnums):
+               donate_argnums, steps):
     if not callable(fun):
       raise TypeError(f"pmap: `fun` must be callable, got {fun!r}.")
     arguments.check_axis_spec_tree(out_axes, "out_axes")
@@ -102,6 +103,7 @@ class PmappedFunction:
     self._fun = fun
     self._axis_name = axis_name
     self._out_axes = out_axes
+    self._steps = steps_lib.check_steps(steps)
     self._devices = _check_devices(devices, backend)
     self._backend = backend
     self._programs = {}
@@ -194,10 +196,19 @@ class PmappedFunction:
         for leaf, (value, axis) in enumerate(zip(inputs, axes)):
           if axis is None:
             state.origins[id(value)] = (value, leaf, list(range(len(shapes[leaf]))))
-        result = vectorize.map_over_axis(
-            self._fun, frame_template=(self._axis_name, size, top_dim),
-            inputs=list(inputs), in_axes=axes, rebuild_args=rebuild,
-            out_axes=self._out_axes, on_slice=on_slice)
+        if self._steps is None:
+          result = vectorize.map_over_axis(
+              self._fun, frame_template=(self._axis_name, size, top_dim),
+              inputs=list(inputs), in_axes=axes, rebuild_args=rebuild,
+              out_axes=self._out_axes, on_slice=on_slice)
+        else:
+          result = steps_lib.map_steps(
+              self._fun, self._steps,
+              frame_template=(self._axis_name, size, top_dim),
+              inputs=list(inputs), in_axes=axes, paths=paths,
+              carry_treedef=_carry_treedef(dynamic, self._steps),
+              rebuild_args=rebuild, out_axes=self._out_axes,
+              on_slice=on_slice)
         mesh_key = _mesh_key(state, devices)
         placements = []
         outputs = []
@@ -278,6 +289,10 @@ class PmappedFunction:
 
   def _call_nested(self, args, kwargs):
     state = axis_env.trace_state()
+    if self._steps is not None:
+      raise ValueError(
+          "pmap: steps= is for the outermost pmap, which runs the loop; "
+          "give it there (a nested pmap runs once per step of it).")
     if self._devices is not None:
       raise ValueError(
           "pmap: nested pmaps with devices= are not supported (as in JAX); "
@@ -321,6 +336,14 @@ class PmappedFunction:
         splits[inner_axis + (inner_axis >= axis)] = dim
       state.output_splits[id(value)] = (value, splits)
     return result.treedef.unflatten(result.values)
+
+
+def _carry_treedef(dynamic, steps):
+  if not dynamic:
+    raise TypeError(
+        f"pmap with steps={steps} needs the carry as the first positional "
+        f"argument (not static), and got none.")
+  return tree.flatten(dynamic[0])[1]
 
 
 def _place(value, placement):
@@ -415,7 +438,7 @@ def _check_devices(devices, backend):
 
 def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0,
          static_broadcasted_argnums=(), devices=None, backend=None,
-         axis_size=None, donate_argnums=()):
+         axis_size=None, donate_argnums=(), steps=None):
   """Maps `fun` over an axis of its arguments, one position per device.
 
   `fun` is the program one device runs, written with TensorFlow ops; it may
@@ -442,6 +465,12 @@ def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0,
     axis_size: The size of the mapped axis when no argument is mapped.
     donate_argnums: Positions of arguments whose `ShardedArray` leaves the
       call frees; using one again raises.
+    steps: Run `fun` this many times in one compiled call (a loop inside the
+      program, so the dispatch cost is paid once per `steps`), as
+      `carry, y = fun(carry, *xs_t)`: the first argument is the carry, every
+      other argument has one slice per step along its first per-device
+      axis. The call returns `(last carry, ys)`, with the `y` of every step
+      stacked along a new first per-device axis.
 
   Returns:
     A callable with `fun`'s arguments (with the extra mapped axes), returning
@@ -454,13 +483,23 @@ def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0,
     >>> f = tfspmd.pmap(lambda x, y: (x + y, y * 2.), in_axes=(0, None))
     >>> print(f(tf.range(2.), 4.))
     (ShardedArray([4., 5.], dtype=float32), ShardedArray([8., 8.], dtype=float32))
+
+    Three steps of a running sum per device in one call:
+
+    >>> step = lambda total, x: (total + x, total)
+    >>> total, seen = tfspmd.pmap(step, steps=3)(tf.zeros(2), tf.ones((2, 3)))
+    >>> print(total)
+    [3. 3.]
+    >>> print(seen)
+    [[0. 1. 2.]
+     [0. 1. 2.]]
   """
   if fun is None:
     return functools.partial(
         pmap, axis_name=axis_name, in_axes=in_axes, out_axes=out_axes,
         static_broadcasted_argnums=static_broadcasted_argnums,
         devices=devices, backend=backend, axis_size=axis_size,
-        donate_argnums=donate_argnums)
+        donate_argnums=donate_argnums, steps=steps)
   return PmappedFunction(fun, axis_name, in_axes, out_axes,
                          static_broadcasted_argnums, devices, backend,
-                         axis_size, donate_argnums)
+                         axis_size, donate_argnums, steps)
