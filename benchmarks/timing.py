@@ -11,7 +11,10 @@ import platform
 import statistics
 import time
 
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# `bazel run` starts a script inside its runfiles; results belong in the checkout.
+_ROOT = (os.environ.get("BUILD_WORKSPACE_DIRECTORY") or
+         os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS_DIR = os.path.join(_ROOT, "benchmarks", "results")
 
 
 def interleaved(contenders, *, rounds, calls_per_round, warmup=20):

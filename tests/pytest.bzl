@@ -1,0 +1,14 @@
+"""pytest_test: one pytest file as a py_test."""
+
+def pytest_test(name, src, deps = []):
+    native.py_test(
+        name = name,
+        srcs = [
+            src,
+            "pytest_main.py",
+        ],
+        main = "pytest_main.py",
+        args = ["$(rootpath %s)" % src],
+        data = ["//:pytest_config"],
+        deps = deps,
+    )
