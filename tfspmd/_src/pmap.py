@@ -26,6 +26,7 @@ from tfspmd._src import devices as devices_lib
 from tfspmd._src import mapped_args
 from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import placement as placement_lib
+from tfspmd._src import pmap_gradient
 from tfspmd._src import steps as steps_lib
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
@@ -44,7 +45,10 @@ class _Program:
   output_shapes: tuple
   output_dtypes: tuple
   output_treedef: object
+  output_axes: tuple
   mesh: object
+  size: int
+  trainable_variables: tuple
 
 
 @functools.lru_cache(maxsize=4096)
@@ -107,6 +111,7 @@ class PmappedFunction:
     self._devices = _check_devices(devices, backend)
     self._backend = backend
     self._programs = {}
+    self._vjps = {}
     self._lock = threading.Lock()
     functools.update_wrapper(self, fun, updated=())
 
@@ -132,6 +137,8 @@ class PmappedFunction:
     paths = None
     values, signature = [], []
     for k, leaf in enumerate(leaves):
+      if isinstance(leaf, tf.Variable):
+        leaf = tf.convert_to_tensor(leaf)
       if isinstance(leaf, ShardedArray):
         leaf._check_alive()  # pylint: disable=protected-access
         values.append(leaf)
@@ -152,6 +159,22 @@ class PmappedFunction:
     if program is None:
       program = self._trace(key, args, static_positions, statics, dynamic,
                             kwargs, values, in_axes)
+    if tf_internal.tape_active() and (
+        program.trainable_variables or tf_internal.tape_may_record(
+            [v for v in values if isinstance(v, tf.Tensor)])):
+      outputs = pmap_gradient.recorded_call(
+          lambda tensors: [tf.convert_to_tensor(r)
+                           for r in self._run(program, tensors)],
+          self._vjp(key, program, dynamic, kwargs, statics, in_axes),
+          [tf.convert_to_tensor(v) for v in values], program.size)
+      return program.output_treedef.unflatten(list(outputs))
+    results = self._run(program, values)
+    if self._donate_argnums:
+      self._delete_donated(args, results)
+    return program.output_treedef.unflatten(results)
+
+  def _run(self, program, values):
+    """Places `values`, runs `program`, wraps its outputs."""
     placed = [_place(value, placement)
               for value, placement in zip(values, program.input_placements)]
     if placed:
@@ -159,13 +182,25 @@ class PmappedFunction:
     else:
       with dtensor.run_on(program.mesh):
         outputs = program.function()
-    results = [ShardedArray(value, placement, shape, dtype)
-               for value, placement, shape, dtype in zip(
-                   outputs, program.output_placements, program.output_shapes,
-                   program.output_dtypes)]
-    if self._donate_argnums:
-      self._delete_donated(args, results)
-    return program.output_treedef.unflatten(results)
+    return [ShardedArray(value, placement, shape, dtype)
+            for value, placement, shape, dtype in zip(
+                outputs, program.output_placements, program.output_shapes,
+                program.output_dtypes)]
+
+  def _vjp(self, key, program, dynamic, kwargs, statics, in_axes):
+    """The pmapped VJP of the call signature `key`, made once."""
+    vjp = self._vjps.get(key)
+    if vjp is None:
+      def make_pmap(fun, in_axes, out_axes):
+        return PmappedFunction(fun, self._axis_name, in_axes, out_axes, (),
+                               self._devices, self._backend, None, (), None)
+      vjp = pmap_gradient.VjpProgram(
+          make_pmap, self._fun, self._args.rebuilder(dynamic, kwargs, statics),
+          in_axes, program.output_axes, program.trainable_variables,
+          self._axis_name)
+      with self._lock:
+        self._vjps[key] = vjp
+    return vjp
 
   # --- tracing -----------------------------------------------------------
 
@@ -246,6 +281,9 @@ class PmappedFunction:
         output_shapes=tuple(tuple(v.shape) for v in result.values),
         output_dtypes=tuple(v.dtype for v in result.values),
         output_treedef=result.treedef,
+        output_axes=tuple(result.out_axes),
+        size=size,
+        trainable_variables=tuple(concrete.trainable_variables),
         mesh=built["placements"][0].mesh if built["placements"] else
         mesh_lib.mesh_for_axes(*mesh_key))
     with self._lock:

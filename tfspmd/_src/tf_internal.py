@@ -14,6 +14,7 @@ SUPPORTED_TF_VERSIONS = ("2.21",)
 
 try:
   from tensorflow.python.eager import context as _context
+  from tensorflow.python.eager import record as _record
   from tensorflow.python.ops.parallel_for import control_flow_ops as _pfor_ops
   from tensorflow.python.ops.parallel_for import pfor as _pfor
 except ImportError as e:  # pragma: no cover - depends on the installed TF.
@@ -85,3 +86,14 @@ def flat_caller(concrete_function):
     return call_flat(list(tensors), captured)
 
   return call
+
+
+def tape_may_record(tensors):
+  """True if an active GradientTape records operations on `tensors`."""
+  return _record.could_possibly_record() and bool(
+      _record.should_record_backprop(tensors))
+
+
+def tape_active():
+  """True if any GradientTape is recording."""
+  return _record.could_possibly_record()

@@ -39,18 +39,17 @@ def _all_to_all_step(split_axis, concat_axis, tiled):
 def _exchange(tensor, split):
   """[sender j, ..., block i at `split`, ...] -> [i, j, ...]: the all-to-all.
 
-  On a 1-D mesh a transpose of the stacked axis becomes DTensor's
-  all-to-all. On a mesh of several dimensions DTensor's all-to-all
-  relayout moves the wrong blocks (TF 2.21: 8 to 10 of 150 random relayouts
-  of a rank-4 tensor on 2x4, 4x2 and 2x2x2 meshes gave wrong values, such as
-  [-, -, -, c] -> [-, -, c, -]), so there the exchange is a `gather_nd`
-  that keeps the sender axis in place: DTensor gathers the value to every
+  A transpose of the stacked axis with the split axis would be DTensor's
+  all-to-all, but DTensor gets that wrong (TF 2.21): on meshes of several
+  dimensions its all-to-all relayout moves the wrong blocks (8 to 10 of 150
+  random relayouts of a rank-4 tensor on 2x4, 4x2 and 2x2x2 meshes, such as
+  [-, -, -, c] -> [-, -, c, -]), and on a 1-D mesh a gradient that reuses
+  the result asks its Transpose expander for a layout it refuses ("needs
+  communication is not supported yet"). A `gather_nd` that keeps the sender
+  axis in place is right in every case: DTensor gathers the value to every
   device and each keeps its block, moving n times the data instead of
   (n-1)/n of it (docs/collectives.md).
   """
-  state = axis_env.trace_state()
-  if state is None or len(state.mesh_axes) < 2:
-    return vectorize.move_axis_to_front(tensor, split)
   size = tensor.shape[0]
   blocks_second = _move_axis(tensor, split, 1)
   pairs = np.stack(np.meshgrid(np.arange(size), np.arange(size),

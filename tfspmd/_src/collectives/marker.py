@@ -51,17 +51,21 @@ class _Collective:
       once (False: it is applied per target, one level at a time).
     varies: Whether a joint collective's result differs between the
       positions of its targets (all_gather's does not).
+    transpose_step: The step of the collective's transpose, where that is
+      the same kind of per-level collective (psum's is psum's step), else
+      None.
   """
   targets: tuple
   step: object
   function: str
   joint: bool
   varies: bool
+  transpose_step: object = None
 
 
 @_do_not_convert
 def over_axes(value, targets, step, function, result_shape=None, *,
-              joint=False, varies=True):
+              joint=False, varies=True, transpose_step=None):
   """Applies `step` to `value` along the axes `targets`.
 
   Args:
@@ -75,12 +79,13 @@ def over_axes(value, targets, step, function, result_shape=None, *,
     joint: Apply `step` once over the linear index of all targets instead of
       once per target.
     varies: With `joint`: whether the result differs along the targets.
+    transpose_step: See `_Collective.transpose_step`.
 
   Returns:
     The per-device result.
   """
   collective = _Collective(tuple(targets), step, function,
-                           joint and len(targets) > 1, varies)
+                           joint and len(targets) > 1, varies, transpose_step)
   return _emit(value, axis_env.frames(), collective, result_shape, ())
 
 
@@ -126,7 +131,7 @@ def _emit(value, chain, collective, result_shape, levels):
     tensor, stacked, out_stacked = _convert_level(
         tensor, stacked, frame, collective, levels, outermost=not remaining)
     if remaining:
-      tensor = _emit(
+      tensor = _emit_outer(
           tensor, chain[:-1], collective,
           None if result_shape is None else
           [frame.size] * out_stacked + list(result_shape),
@@ -136,6 +141,33 @@ def _emit(value, chain, collective, result_shape, levels):
 
   tf_internal.set_pfor_converter(outputs[0].op, convert)
   return outputs[0]
+
+
+def _emit_outer(value, chain, collective, result_shape, levels):
+  """`_emit` for the enclosing levels, from inside a converter.
+
+  A GradientTape open around an inner pmap records the ops its
+  vectorization creates, this marker among them: give it the gradient of
+  the collective's remaining part, not IdentityN's.
+  """
+  if not tf_internal.tape_active():
+    return _emit(value, chain, collective, result_shape, levels)
+
+  @tf.custom_gradient
+  def outer(x):
+    def transpose(cotangent):
+      if collective.transpose_step is None:
+        names = ", ".join(repr(t.name) for t in collective.targets)
+        raise NotImplementedError(
+            f"the gradient of {collective.function} over {names} taken by a "
+            f"GradientTape opened outside the pmap that calls it is not "
+            f"supported; open the tape inside the innermost mapped function "
+            f"(or differentiate the outer pmap's own function).")
+      return _emit(cotangent, chain, dataclasses.replace(
+          collective, step=collective.transpose_step), None, levels)
+    return _emit(x, chain, collective, result_shape, levels), transpose
+
+  return outer(value)
 
 
 def _remaining_targets(targets, chain):

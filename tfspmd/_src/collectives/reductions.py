@@ -24,7 +24,8 @@ def _sum_step(tensor, stacked, frame, _):
 def _psum_leaf(value, targets):
   return marker.with_transpose(
       value, targets, _sum_step, "psum",
-      lambda cotangent: _psum_leaf(cotangent, targets))
+      lambda cotangent: _psum_leaf(cotangent, targets),
+      transpose_step=_sum_step)
 
 
 def psum(x, axis_name):
