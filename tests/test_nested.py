@@ -38,7 +38,7 @@ def test_three_levels_of_nesting_on_a_2x2x2_mesh():
   np.testing.assert_allclose(total, np.broadcast_to(x.sum((0, 1, 2), keepdims=True), x.shape))
   np.testing.assert_array_equal(index, np.arange(8).reshape(2, 2, 2))
   np.testing.assert_array_equal(index_b, np.broadcast_to(np.arange(2)[None, :, None], (2, 2, 2)))
-  assert total.placement.spec == ("a_0", "b_1", "c_2", None)
+  assert total.placement.spec == ("axis_0", "axis_1", "axis_2", None)
   assert len({shard.device for shard in total.addressable_shards}) == 8
 
 
@@ -49,8 +49,8 @@ def test_nested_inputs_are_split_over_both_mesh_dims():
   out = outer(x)
   np.testing.assert_allclose(out, x * 2)
   program = next(iter(outer._programs.values()))  # pylint: disable=protected-access
-  assert program.input_placements[0].spec == ("r_0", "c_1", None)
-  assert out.placement.spec == ("r_0", "c_1", None)
+  assert program.input_placements[0].spec == ("axis_0", "axis_1", None)
+  assert out.placement.spec == ("axis_0", "axis_1", None)
   for shard in out.addressable_shards:
     assert shard.data.shape == (1, 1, 3)
 

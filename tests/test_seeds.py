@@ -48,7 +48,7 @@ def test_nested_normalize_on_a_4x2_mesh():
   np.testing.assert_allclose(np.sum(row_normed, 0), [1., 1.], rtol=1e-6)
   np.testing.assert_allclose(np.sum(col_normed, 1), [1., 1., 1., 1.], rtol=1e-6)
   assert np.sum(doubly_normed) == pytest.approx(1.0)
-  assert row_normed.placement.spec == ("rows_0", "cols_1")
+  assert row_normed.placement.spec == ("axis_0", "axis_1")
 
 
 def test_device_subsets():

@@ -1,26 +1,21 @@
-"""DTensor meshes: one mesh dimension per named axis, built once and cached."""
+"""DTensor meshes: one mesh dimension per pmap nesting level, built once and cached."""
 
 import functools
-import re
 
 import numpy as np
 from tensorflow.experimental import dtensor
 
 from tfspmd._src import devices as devices_lib
 
-_PLAIN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
+def mesh_dim_name(depth):
+  """The DTensor mesh dimension for the pmap axis at nesting `depth`.
 
-def mesh_dim_name(axis_name, depth):
-  """The DTensor mesh dimension for the axis at nesting `depth`.
-
-  DTensor needs string dimension names without its separators, while a pmap
-  axis name can be any hashable; plain identifiers are kept (they show up in
-  DTensor's layouts and logs), anything else gets a positional name.
+  Named by depth, not by the user's axis name, so pmaps with other axis
+  names over the same devices share one mesh: their results go into each
+  other with no copy, also inside a user's tf.function, where DTensor needs
+  every input of an op on the same mesh.
   """
-  if isinstance(axis_name, str) and _PLAIN_NAME.match(axis_name) and (
-      axis_name not in (dtensor.UNSHARDED, dtensor.MATCH)):
-    return f"{axis_name}_{depth}"
   return f"axis_{depth}"
 
 

@@ -45,6 +45,7 @@ class _Program:
   output_shapes: tuple
   output_dtypes: tuple
   output_treedef: object
+  inline: object
   output_axes: tuple
   mesh: object
   size: int
@@ -128,6 +129,8 @@ class PmappedFunction:
   def __call__(self, *args, **kwargs):
     if axis_env.trace_state() is not None:
       return self._call_nested(args, kwargs)
+    if tf.inside_function():
+      return self._call_in_graph(args, kwargs)
     static_positions = self._args.static_positions(len(args))
     statics = self._args.statics(args, static_positions)
     dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
@@ -173,6 +176,44 @@ class PmappedFunction:
       self._delete_donated(args, results)
     return program.output_treedef.unflatten(results)
 
+  def _call_in_graph(self, args, kwargs):
+    """A call while the user's own tf.function traces: one more call op.
+
+    The inputs must be DTensors on the program's mesh (arguments of the
+    user's function that came from `ShardedArray.dtensor_value` or from
+    another call). The program's ops go into the user's graph as they are
+    (a nested jit-compiled DTensor function mis-expands collectives:
+    "SPMD expansion resulted in op output inconsistent with the provided
+    layout", TF 2.21), and the outputs are left as DTensors for the rest
+    of the user's function.
+    """
+    static_positions = self._args.static_positions(len(args))
+    statics = self._args.statics(args, static_positions)
+    dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
+    leaves, treedef = tree.flatten((dynamic, kwargs))
+    in_axes = self._args.leaf_in_axes(treedef, args, static_positions,
+                                      dynamic)
+    paths = self._args.paths(args, static_positions, kwargs)
+    values = []
+    for leaf, path in zip(leaves, paths):
+      if isinstance(leaf, ShardedArray):
+        leaf = leaf.dtensor_value
+      value = _traced_tensor(leaf, path)
+      if not value.shape.is_fully_defined():
+        raise ValueError(
+            f"pmap inside a tf.function needs static shapes, but {path} has "
+            f"shape {value.shape}; give the tf.function an input_signature "
+            f"with full shapes, or call it with tensors of fixed shape.")
+      values.append(value)
+    signature = tuple((None, tuple(v.shape), v.dtype) for v in values)
+    key = (treedef, statics, signature)
+    program = self._programs.get(key)
+    if program is None:
+      program = self._trace(key, args, static_positions, statics, dynamic,
+                            kwargs, values, in_axes)
+    outputs = program.inline(*values)
+    return program.output_treedef.unflatten(list(outputs))
+
   def _run(self, program, values):
     """Places `values`, runs `program`, wraps its outputs."""
     placed = [_place(value, placement)
@@ -213,7 +254,7 @@ class PmappedFunction:
             for axis, shape, path in zip(in_axes, shapes, paths)]
     size = self._args.mapped_size(axes, shapes, paths)
     devices = self._mesh_devices(size)
-    top_dim = mesh_lib.mesh_dim_name(self._axis_name, 0)
+    top_dim = mesh_lib.mesh_dim_name(0)
     state = axis_env.TraceState(
         mesh_axes=[(self._axis_name, size, top_dim)],
         max_devices=len(devices) if self._devices is None else size)
@@ -281,6 +322,7 @@ class PmappedFunction:
         output_shapes=tuple(tuple(v.shape) for v in result.values),
         output_dtypes=tuple(v.dtype for v in result.values),
         output_treedef=result.treedef,
+        inline=program,
         output_axes=tuple(result.out_axes),
         size=size,
         trainable_variables=tuple(concrete.trainable_variables),
@@ -394,8 +436,22 @@ def _place(value, placement):
       return placement_lib.repack(value.dtensor_value, placement)
     value = value.numpy()
   elif isinstance(value, tf.Tensor):
+    if dtensor.is_dtensor(value):
+      return _relayout_dtensor(value, placement)
     value = value.numpy()
   return placement_lib.pack_host_array(np.asarray(value), placement)
+
+
+def _relayout_dtensor(value, placement):
+  """A DTensor argument (from a user's tf.function) on `placement`."""
+  layout = dtensor.fetch_layout(value)
+  if layout == placement.layout:
+    return value
+  if layout.mesh == placement.mesh:
+    return dtensor.relayout(value, placement.layout)
+  replicated = dtensor.Layout.replicated(layout.mesh, layout.rank)
+  host = dtensor.unpack(dtensor.relayout(value, replicated))[0].numpy()
+  return placement_lib.pack_host_array(host, placement)
 
 
 def _traced_tensor(leaf, path):
@@ -434,7 +490,7 @@ def _register_nested_axis(state, axis_name, size, depth):
         f"compiling computation that requires {total} replicas ({shape} "
         f"nested pmaps), but only {state.max_devices} devices are available "
         f"(num_replicas={total}).")
-  dim = mesh_lib.mesh_dim_name(axis_name, depth)
+  dim = mesh_lib.mesh_dim_name(depth)
   state.mesh_axes.append((axis_name, size, dim))
   return dim
 

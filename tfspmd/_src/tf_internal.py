@@ -53,6 +53,15 @@ def vectorize_loop(loop_fn, iterations):
       loop_fn, iterations, fallback_to_while_loop=False)
 
 
+def unvectorizable_op(error):
+  """The op type pfor names in `error` when it has no converter, or None."""
+  message = str(error)
+  prefix = "No pfor vectorization defined for "
+  if not message.startswith(prefix):
+    return None
+  return message[len(prefix):].split()[0].strip(".")
+
+
 def wrap_converted(tensor, stacked):
   """The value a pfor converter returns for one output."""
   return _pfor.wrap(tensor, stacked)

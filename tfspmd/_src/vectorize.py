@@ -115,7 +115,13 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       return [_mark_invariant(value, k, frame, invariant, varying)
               for k, value in enumerate(outputs)]
 
-  stacked = tf_internal.vectorize_loop(loop_fn, size)
+  try:
+    stacked = tf_internal.vectorize_loop(loop_fn, size)
+  except ValueError as e:
+    op_type = tf_internal.unvectorizable_op(e)
+    if op_type is None:
+      raise
+    raise _unvectorizable_error(op_type, axis_name) from None
   unmappable = [k for k in varying if traced["specs"][k] is None]
   if unmappable:
     k = unmappable[0]
@@ -135,6 +141,23 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       values.append(move_front_axis_to(stacked[k], spec))
   return MappedResult(values=values, out_axes=traced["specs"],
                       treedef=traced["treedef"], per_device=traced["outputs"])
+
+
+def _unvectorizable_error(op_type, axis_name):
+  if "Assign" in op_type or op_type.startswith(("ResourceScatter",
+                                                "ResourceApply")):
+    return ValueError(
+        f"the function mapped over axis {axis_name!r} writes to a tf.Variable "
+        f"({op_type}); a mapped function cannot assign per-device values to "
+        f"one variable. Pass the state as an argument and return its new "
+        f"value, JAX-style (`state = f(state, x)`; `variable.assign(state)` "
+        f"outside the pmap if you keep it in a variable). Reading variables "
+        f"inside is fine: every device sees the same value.")
+  return ValueError(
+      f"the function mapped over axis {axis_name!r} uses the op {op_type}, "
+      f"which TensorFlow's vectorizer (pfor) cannot map over an axis. Compute "
+      f"it outside the mapped function, or replace it with ops pfor supports "
+      f"(for example tf.gather instead of a dynamic slice of a TensorArray).")
 
 
 def _output_tensor(leaf, path):
