@@ -50,34 +50,15 @@ def call(pmapped, args, kwargs):
     raise ValueError(
         f"pmap(debug=True) does not run steps={pmapped._steps}: debug the "
         f"step function with steps=None, one step per call.")
-  binding = pmapped._args
-  static_positions = binding.static_positions(len(args))
-  statics = binding.statics(args, static_positions)
-  dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
-  leaves, treedef = tree.flatten((dynamic, kwargs))
-  in_axes = binding.leaf_in_axes(treedef, args, static_positions, dynamic)
-  paths = binding.paths(args, static_positions, kwargs)
-  values = [tf.convert_to_tensor(arguments.to_array_leaf(leaf, path))
-            for leaf, path in zip(leaves, paths)]
-  axes = [None if axis is None else arguments.normalize_axis(
-      axis, value.shape.rank, spec_name="in_axes", path=path)
-          for axis, value, path in zip(in_axes, values, paths)]
-  size = binding.mapped_size(axes, [tuple(v.shape) for v in values], paths)
-  # The device count the compiled program would need, checked the same way.
-  pmapped._mesh_devices(math.prod(frame.size for frame in parent) * size)
-  rebuild = binding.rebuilder(dynamic, kwargs, statics)
-  pieces = [None if axis is None else tf.unstack(value, axis=axis)
-            for value, axis in zip(values, axes)]
+  size, per_device = _bind(pmapped, args, kwargs, parent)
   session = parent[-1].session if parent else session_lib.Session()
   chains = [parent + (session_lib.DebugFrame(pmapped._axis_name, size, k,
                                              session=session),)
             for k in range(size)]
 
   def device(chain):
-    k = chain[-1].index
     with mode.debug_mode(), _bound(chain):
-      args_k, kwargs_k = rebuild([value if split is None else split[k]
-                                  for value, split in zip(values, pieces)])
+      args_k, kwargs_k = per_device(chain[-1].index)
       result = pmapped._fun(*args_k, **kwargs_k)
     out_leaves, out_treedef = tree.flatten(result)
     out_paths = tree.leaf_paths(result, "output")
@@ -91,6 +72,38 @@ def call(pmapped, args, kwargs):
   if not parent:
     pmapped._delete_donated(args, ())
   return outputs
+
+
+def _bind(pmapped, args, kwargs, parent):
+  """Checks the call as the compiled path does; splits it per device.
+
+  Returns:
+    The mapped size, and `per_device(k) -> (args, kwargs)` of device k.
+  """
+  binding = pmapped._args
+  static_positions = binding.static_positions(len(args))
+  statics = binding.statics(args, static_positions)
+  dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
+  leaves, treedef = tree.flatten((dynamic, kwargs))
+  in_axes = binding.leaf_in_axes(treedef, args, static_positions, dynamic)
+  paths = binding.paths(args, static_positions, kwargs)
+  values = [tf.convert_to_tensor(arguments.to_array_leaf(leaf, path))
+            for leaf, path in zip(leaves, paths)]
+  axes = [None if axis is None else arguments.normalize_axis(
+      axis, value.shape.rank, spec_name="in_axes", path=path)
+          for axis, value, path in zip(in_axes, values, paths)]
+  size = binding.mapped_size(axes, [tuple(v.shape) for v in values], paths)
+  # The devices the compiled program would need, checked the same way.
+  pmapped._mesh_devices(math.prod(frame.size for frame in parent) * size)
+  rebuild = binding.rebuilder(dynamic, kwargs, statics)
+  pieces = [None if axis is None else tf.unstack(value, axis=axis)
+            for value, axis in zip(values, axes)]
+
+  def per_device(k):
+    return rebuild([value if split is None else split[k]
+                    for value, split in zip(values, pieces)])
+
+  return size, per_device
 
 
 @contextlib.contextmanager
