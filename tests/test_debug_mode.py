@@ -360,3 +360,31 @@ def test_a_debug_pmap_inside_a_compiled_pmap_is_an_error():
   inner = tfspmd.pmap(lambda x: x, axis_name="c", debug=True)
   with pytest.raises(RuntimeError, match="outermost pmap"):
     tfspmd.pmap(inner, axis_name="r")(np.zeros((2, 4)))
+
+
+def test_a_vmap_inside_still_vectorizes_with_collectives_over_its_axis():
+  def f(x):
+    per_row = tfspmd.vmap(
+        lambda row: lax.psum(row, "b") + tf.cast(lax.axis_index("b"), tf.float32),
+        axis_name="b")
+    return per_row(x) * lax.axis_size("i")
+
+  x = data(4, 3, 2)
+  expected = (np.broadcast_to(x.sum(1, keepdims=True), x.shape) +
+              np.arange(3)[:, None]) * 4
+  debug = within(30, tfspmd.pmap(f, "i", debug=True), x)
+  assert_close(np.asarray(debug), expected.astype(np.float32), "NumPy")
+
+
+def test_a_collective_over_the_debug_axis_inside_a_vmap_is_an_error():
+  def f(x):
+    return tfspmd.vmap(lambda row: lax.psum(row, "i"))(x)
+
+  with pytest.raises(RuntimeError, match="Call the collective outside the vmap"):
+    within(30, tfspmd.pmap(f, "i", debug=True), np.zeros((4, 3)))
+
+
+def test_steps_are_not_run_in_debug_mode():
+  f = tfspmd.pmap(lambda c, x: (c + x, c), steps=2, debug=True)
+  with pytest.raises(ValueError, match="does not run steps=2"):
+    f(np.zeros(2), np.ones((2, 2)))
