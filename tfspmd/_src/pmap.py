@@ -560,9 +560,9 @@ def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0,
     devices) with the structure, shapes and dtypes of the compiled results.
     An exception on a device is raised to the caller with a note naming the
     device, and a program whose devices wait at different collectives
-    raises instead of hanging. A `GradientTape` inside `fun` works; one
-    around the call sees nothing, as the devices run in other threads.
-    `steps=` is not supported in debug mode yet.
+    raises instead of hanging. A `GradientTape` inside `fun` or around the
+    call works as in the compiled path. `steps=` is not supported in debug
+    mode yet.
 
     >>> def f(x):
     ...   if tfspmd.lax.axis_index('i') == 1:
