@@ -247,6 +247,54 @@ def test_gradient_tape_inside_the_function():
                "compiled")
 
 
+def tape_gradient(function, *inputs, variables=()):
+  """The gradient of sum(function(*inputs)) by a tape around the call."""
+  inputs = [tf.constant(x) for x in inputs]
+  with tf.GradientTape() as tape:
+    tape.watch(inputs)
+    loss = tf.reduce_sum(function(*inputs))
+  return [np.asarray(g) for g in tape.gradient(loss, inputs + list(variables))]
+
+
+def test_gradient_tape_around_the_call_with_a_broadcast_input_and_a_variable():
+  x, w = data(4, 3), data(3, seed=1)
+  v = tf.Variable(data(3, seed=2))
+  f = tfspmd.pmap(lambda a, b: a * lax.psum(a, "i") * b * v, "i",
+                  in_axes=(0, None), debug=True)
+  grad_x, grad_w, grad_v = within(30, tape_gradient, f, x, w, variables=[v])
+  # loss = sum_k S_k^2 w_k v_k with S = x.sum(0).
+  total = x.sum(0)
+  assert_close(grad_x, np.broadcast_to(2 * total * w * v.numpy(), x.shape), "x")
+  assert_close(grad_w, total ** 2 * v.numpy(), "w")
+  assert_close(grad_v, total ** 2 * w, "v")
+
+
+def test_gradient_tape_around_nested_debug_pmaps():
+  x = data(2, 4, 3)
+  f = nested_debug(lambda v: lax.pmax(v, "r") * v)
+  top = x.max(0)
+  [grad] = within(30, tape_gradient, f, x)
+  assert_close(grad, top + (x == top) * x.sum(0), "NumPy")
+
+
+def test_gradient_tape_inside_the_outer_function_around_the_inner_pmap():
+  def outer(row):
+    with tf.GradientTape() as tape:
+      tape.watch(row)
+      inner = tfspmd.pmap(lambda e: e * lax.psum(e, ("r", "c")) ** 2, "c")
+      loss = tf.reduce_sum(inner(row))
+    return tape.gradient(loss, row)
+
+  x = data(2, 4)
+  debug = within(30, tfspmd.pmap(outer, "r", debug=True), x)
+  # Every device seeds its own loss, and psum's transpose sums the
+  # cotangents of all: d/dx of sum_r sum_c x_rc S^2 = S^2 + 2 S^2.
+  expected = np.full(x.shape, 3 * x.sum() ** 2, np.float32)
+  assert_close(np.asarray(debug), expected, "NumPy")
+  assert_close(np.asarray(debug), np.asarray(tfspmd.pmap(outer, "r")(x)),
+               "compiled")
+
+
 def test_print_inside_the_function_prints_each_device_value(capsys):
   def f(x):
     print(f"device {int(lax.axis_index('i'))} has {x.numpy()}")
