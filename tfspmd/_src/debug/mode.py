@@ -1,9 +1,8 @@
 """Whether pmaps run in debug mode here: a flag per Python thread.
 
 The flag is on inside `debug_mode()` and in the thread of every device of a
-pmap running in debug mode, so pmaps nested in one run in debug mode too and
-collectives know to meet the other devices' threads. Reading it is the only
-cost debug mode adds to a compiled call.
+pmap running in debug mode, so pmaps nested in one run in debug mode too.
+Reading it is the only cost debug mode adds to a compiled call.
 """
 
 import contextlib
