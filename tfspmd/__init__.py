@@ -15,6 +15,7 @@ _devices.configure_from_environment()
 
 # pylint: disable=g-import-not-at-top,useless-import-alias
 from tfspmd import lax as lax
+from tfspmd._src.debug.mode import debug_mode as debug_mode
 from tfspmd._src.devices import Device as Device
 from tfspmd._src.devices import device_count as device_count
 from tfspmd._src.devices import devices as devices
@@ -34,6 +35,7 @@ __all__ = [
     "Device",
     "Shard",
     "ShardedArray",
+    "debug_mode",
     "device_count",
     "devices",
     "lax",

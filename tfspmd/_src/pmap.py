@@ -10,6 +10,7 @@ A call at the top level (not inside another pmap's trace):
   4. place each input on the program's mesh (`placement`), run, wrap the
      results as `ShardedArray`s.
 A call inside another pmap's trace vectorizes over one more axis in place.
+A call in debug mode runs each device's program eagerly instead (`debug.call`).
 """
 
 import dataclasses
@@ -31,6 +32,8 @@ from tfspmd._src import steps as steps_lib
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
 from tfspmd._src import vectorize
+from tfspmd._src.debug import call as debug_call
+from tfspmd._src.debug import mode as debug_mode
 from tfspmd._src.sharded_array import ShardedArray
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
@@ -81,9 +84,13 @@ class PmappedFunction:
 
   def __init__(self, fun, axis_name, in_axes, out_axes,
                static_broadcasted_argnums, devices, backend, axis_size,
-               donate_argnums, steps):
+               donate_argnums, steps, debug=False):
     if not callable(fun):
       raise TypeError(f"pmap: `fun` must be callable, got {fun!r}.")
+    if not isinstance(debug, bool):
+      raise TypeError(
+          f"pmap: `debug` must be True or False, got {type(debug).__name__} "
+          f"{debug!r}.")
     arguments.check_axis_spec_tree(out_axes, "out_axes")
     static_argnums = _argnums(static_broadcasted_argnums,
                               "static_broadcasted_argnums")
@@ -111,6 +118,7 @@ class PmappedFunction:
     self._steps = steps_lib.check_steps(steps)
     self._devices = _check_devices(devices, backend)
     self._backend = backend
+    self._debug = debug
     self._programs = {}
     self._vjps = {}
     self._lock = threading.Lock()
@@ -127,6 +135,8 @@ class PmappedFunction:
   # --- the call ----------------------------------------------------------
 
   def __call__(self, *args, **kwargs):
+    if self._debug or debug_mode.active():
+      return debug_call.call(self, args, kwargs)
     if axis_env.trace_state() is not None:
       return self._call_nested(args, kwargs)
     if tf.inside_function():
@@ -367,8 +377,8 @@ class PmappedFunction:
 
   # --- nested --------------------------------------------------------------
 
-  def _call_nested(self, args, kwargs):
-    state = axis_env.trace_state()
+  def _check_nested(self):
+    """Raises if this pmap cannot run inside the enclosing ones."""
     if self._steps is not None:
       raise ValueError(
           "pmap: steps= is for the outermost pmap, which runs the loop; "
@@ -379,6 +389,10 @@ class PmappedFunction:
           "give devices= to neither, and the nested mesh uses the first "
           "devices of the outer pmap's platform.")
     axis_env.check_not_bound(self._axis_name, "pmap")
+
+  def _call_nested(self, args, kwargs):
+    state = axis_env.trace_state()
+    self._check_nested()
     static_positions = self._args.static_positions(len(args))
     statics = self._args.statics(args, static_positions)
     dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
@@ -532,7 +546,7 @@ def _check_devices(devices, backend):
 
 def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0,
          static_broadcasted_argnums=(), devices=None, backend=None,
-         axis_size=None, donate_argnums=(), steps=None):
+         axis_size=None, donate_argnums=(), steps=None, debug=False):
   """Maps `fun` over an axis of its arguments, one position per device.
 
   `fun` is the program one device runs, written with TensorFlow ops; it may
@@ -565,6 +579,7 @@ def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0,
       other argument has one slice per step along its first per-device
       axis. The call returns `(last carry, ys)`, with the `y` of every step
       stacked along a new first per-device axis.
+    debug: If True, run in debug mode (below) instead of compiling.
 
   Returns:
     A callable with `fun`'s arguments (with the extra mapped axes), returning
@@ -587,13 +602,38 @@ def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0,
     >>> print(seen)
     [[0. 1. 2.]
      [0. 1. 2.]]
+
+  Debug mode:
+    With `debug=True` (or inside `tfspmd.debug_mode()`), nothing is traced:
+    each device's program runs eagerly in its own Python thread, and the
+    threads meet at every collective, which computes what the compiled
+    program computes. `fun` sees eager tensors: `print` them, branch on
+    them, or stop one device (`if axis_index(...) == k: breakpoint()`) and
+    step through its program in pdb while the others wait at their next
+    collective. pmaps called inside run in debug mode too; a vmap inside
+    still vectorizes, with collectives over its own axis only. The results
+    are eager `tf.Tensor`s (not `ShardedArray`s: nothing is placed on
+    devices) with the structure, shapes and dtypes of the compiled results.
+    An exception on a device is raised to the caller with a note naming the
+    device, and a program whose devices wait at different collectives
+    raises instead of hanging. A `GradientTape` inside `fun` or around the
+    call works as in the compiled path. `steps=` is not supported in debug
+    mode yet.
+
+    >>> def f(x):
+    ...   if tfspmd.lax.axis_index('i') == 1:
+    ...     print('device 1 has', x.numpy())
+    ...   return tfspmd.lax.psum(x, 'i')
+    >>> print(tfspmd.pmap(f, 'i', debug=True)(tf.range(4)))
+    device 1 has 1
+    tf.Tensor([6 6 6 6], shape=(4,), dtype=int32)
   """
   if fun is None:
     return functools.partial(
         pmap, axis_name=axis_name, in_axes=in_axes, out_axes=out_axes,
         static_broadcasted_argnums=static_broadcasted_argnums,
         devices=devices, backend=backend, axis_size=axis_size,
-        donate_argnums=donate_argnums, steps=steps)
+        donate_argnums=donate_argnums, steps=steps, debug=debug)
   return PmappedFunction(fun, axis_name, in_axes, out_axes,
                          static_broadcasted_argnums, devices, backend,
-                         axis_size, donate_argnums, steps)
+                         axis_size, donate_argnums, steps, debug)

@@ -107,9 +107,9 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       args, kwargs = rebuild_args(per_device)
       result = fun(*args, **kwargs)
       leaves, treedef = tree.flatten(result)
-      outputs = [_output_tensor(leaf, path) for leaf, path in zip(
+      outputs = [output_tensor(leaf, path) for leaf, path in zip(
           leaves, tree.leaf_paths(result, "output"))]
-      specs = _resolve_out_axes(out_axes, result, outputs)
+      specs = resolve_out_axes(out_axes, result, outputs)
       traced.update(treedef=treedef, specs=specs, outputs=outputs,
                     paths=tree.leaf_paths(result, "output"))
       return [_mark_invariant(value, k, frame, invariant, varying)
@@ -160,7 +160,7 @@ def _unvectorizable_error(op_type, axis_name):
       f"(for example tf.gather instead of a dynamic slice of a TensorArray).")
 
 
-def _output_tensor(leaf, path):
+def output_tensor(leaf, path):
   try:
     return tf.convert_to_tensor(leaf)
   except (TypeError, ValueError) as e:
@@ -171,7 +171,7 @@ def _output_tensor(leaf, path):
     ) from None
 
 
-def _resolve_out_axes(out_axes, result, outputs):
+def resolve_out_axes(out_axes, result, outputs):
   specs = tree.broadcast_prefix(out_axes, result, spec_name="out_axes",
                                 root="output", is_spec_leaf=arguments.is_axis_spec)
   paths = tree.leaf_paths(result, "output")
