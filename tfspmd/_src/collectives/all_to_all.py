@@ -1,20 +1,26 @@
 """all_to_all and pswapaxes: each device sends one block to every device.
 
-Lowering: a transpose of the stacked axis with the split axis, which DTensor
-turns into an all-to-all over the mesh dimension. Transpose: all_to_all with
-the split and concat axes swapped.
+Lowering: on a 1-D mesh, a transpose of the stacked axis with the split
+axis, which DTensor turns into an all-to-all over the mesh dimension; where
+DTensor gets that wrong, a gather (see `_exchange`). Transpose: all_to_all
+with the split and concat axes swapped.
 """
 
 import numpy as np
 import tensorflow as tf
 
 from tfspmd._src import axis_env
+from tfspmd._src import tf_internal
 from tfspmd._src import vectorize
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
 
 
-def _all_to_all_step(split_axis, concat_axis, tiled):
+_ALL_TO_ALL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64,
+                      tf.int32, tf.int64)
+
+
+def _all_to_all_step(split_axis, concat_axis, tiled, recorded):
   def step(tensor, stacked, frame, batch_dims):
     size = frame.size
     if not stacked:
@@ -26,7 +32,7 @@ def _all_to_all_step(split_axis, concat_axis, tiled):
       shape = tensor.shape.as_list()
       tensor = tf.reshape(tensor, shape[:split] + [size, shape[split] // size] +
                           shape[split + 1:])
-    moved = _move_axis(_exchange(tensor, split), 1, concat)
+    moved = _move_axis(_exchange(tensor, split, recorded), 1, concat)
     if not tiled:
       return moved, True
     # Concatenate the senders j into the concat axis that follows them.
@@ -36,20 +42,26 @@ def _all_to_all_step(split_axis, concat_axis, tiled):
   return step
 
 
-def _exchange(tensor, split):
+def _exchange(tensor, split, recorded):
   """[sender j, ..., block i at `split`, ...] -> [i, j, ...]: the all-to-all.
 
-  A transpose of the stacked axis with the split axis would be DTensor's
-  all-to-all, but DTensor gets that wrong (TF 2.21): on meshes of several
-  dimensions its all-to-all relayout moves the wrong blocks (8 to 10 of 150
-  random relayouts of a rank-4 tensor on 2x4, 4x2 and 2x2x2 meshes, such as
-  [-, -, -, c] -> [-, -, c, -]), and on a 1-D mesh a gradient that reuses
-  the result asks its Transpose expander for a layout it refuses ("needs
-  communication is not supported yet"). A `gather_nd` that keeps the sender
-  axis in place is right in every case: DTensor gathers the value to every
-  device and each keeps its block, moving n times the data instead of
-  (n-1)/n of it (docs/collectives.md).
+  A transpose of the stacked axis with the split axis is DTensor's
+  all-to-all, the ideal (n-1)/n of the data, and right on a 1-D mesh. DTensor
+  gets it wrong elsewhere (TF 2.21): on meshes of several dimensions its
+  all-to-all relayout moves the wrong blocks (8 to 10 of 150 random
+  relayouts of a rank-4 tensor on 2x4, 4x2 and 2x2x2 meshes, such as
+  [-, -, -, c] -> [-, -, c, -]), and when a GradientTape records the
+  collective, the backward pass that reuses its result asks the Transpose
+  expander for a layout it refuses ("needs communication is not supported
+  yet"); and its all-to-all takes only floats and 32/64-bit signed
+  integers. There a `gather_nd` that keeps the sender axis in place is right:
+  DTensor gathers the value to every device and each keeps its block,
+  moving n times the data (docs/collectives.md).
   """
+  state = axis_env.trace_state()
+  if (not recorded and tensor.dtype in _ALL_TO_ALL_DTYPES and
+      state is not None and len(state.mesh_axes) == 1):
+    return vectorize.move_axis_to_front(tensor, split)
   size = tensor.shape[0]
   blocks_second = _move_axis(tensor, split, 1)
   pairs = np.stack(np.meshgrid(np.arange(size), np.arange(size),
@@ -83,7 +95,8 @@ def _all_to_all_leaf(value, targets, split_axis, concat_axis, tiled,
     del shape[split_axis]
     shape.insert(concat_axis, size)
   return marker.with_transpose(
-      value, targets, _all_to_all_step(split_axis, concat_axis, tiled),
+      value, targets, _all_to_all_step(split_axis, concat_axis, tiled,
+                                        tf_internal.tape_active()),
       function,
       lambda cotangent: _all_to_all_leaf(cotangent, targets, concat_axis,
                                          split_axis, tiled, function),
