@@ -8,6 +8,8 @@ are imported only here and checked once, at import, against the versions the
 test suite runs on.
 """
 
+import re
+
 import tensorflow as tf
 
 SUPPORTED_TF_VERSIONS = ("2.21",)
@@ -54,12 +56,24 @@ def vectorize_loop(loop_fn, iterations):
 
 
 def unvectorizable_op(error):
-  """The op type pfor names in `error` when it has no converter, or None."""
+  """What pfor could not vectorize, from its error: (op type, input name).
+
+  The input name is set when the op has a converter that needs that input
+  to be the same on every iteration; None when the op has no converter at
+  all. Returns None for other errors.
+  """
   message = str(error)
   prefix = "No pfor vectorization defined for "
-  if not message.startswith(prefix):
-    return None
-  return message[len(prefix):].split()[0].strip(".")
+  if message.startswith(prefix):
+    return message[len(prefix):].split()[0].strip("."), None
+  found = _LOOP_INVARIANT_INPUT.search(message)
+  if found:
+    return found.group(2), found.group(1)
+  return None
+
+
+_LOOP_INVARIANT_INPUT = re.compile(
+    r"""Input "(\w+)" of op '(\w+)' expected to be loop invariant""")
 
 
 def wrap_converted(tensor, stacked):

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
+from tfspmd._src import conv_gradients
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
 
@@ -105,7 +106,10 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
             on_slice(leaf, piece, index)
           per_device.append(piece)
       args, kwargs = rebuild_args(per_device)
+      graph = tf.compat.v1.get_default_graph()
+      first_new_op = len(graph.get_operations())
       result = fun(*args, **kwargs)
+      conv_gradients.mark(graph.get_operations()[first_new_op:])
       leaves, treedef = tree.flatten(result)
       outputs = [output_tensor(leaf, path) for leaf, path in zip(
           leaves, tree.leaf_paths(result, "output"))]
@@ -118,10 +122,10 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
   try:
     stacked = tf_internal.vectorize_loop(loop_fn, size)
   except ValueError as e:
-    op_type = tf_internal.unvectorizable_op(e)
-    if op_type is None:
+    found = tf_internal.unvectorizable_op(e)
+    if found is None:
       raise
-    raise _unvectorizable_error(op_type, axis_name) from None
+    raise _unvectorizable_error(*found, axis_name) from None
   unmappable = [k for k in varying if traced["specs"][k] is None]
   if unmappable:
     k = unmappable[0]
@@ -143,7 +147,15 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
                       treedef=traced["treedef"], per_device=traced["outputs"])
 
 
-def _unvectorizable_error(op_type, axis_name):
+def _unvectorizable_error(op_type, input_name, axis_name):
+  if input_name is not None:
+    return ValueError(
+        f"the function mapped over axis {axis_name!r} gives the op {op_type} "
+        f"an input `{input_name}` that differs between devices, and "
+        f"TensorFlow's vectorizer (pfor) needs that input to be the same on "
+        f"every device. Pass the value it comes from with in_axes=None (and "
+        f"keep it out of per-device computations), or compute it outside the "
+        f"mapped function.")
   if "Assign" in op_type or op_type.startswith(("ResourceScatter",
                                                 "ResourceApply")):
     return ValueError(

@@ -1,0 +1,79 @@
+"""A pfor converter for Conv2DBackpropFilter that DTensor can expand.
+
+pfor vectorizes the filter gradient of a convolution whose input varies
+along the mapped axis with a `tf.while_loop` over a TensorList, and
+DTensor cannot lay out TensorLists ("'tf.TensorListSetItem' op
+ComputeLayoutForward error", TF 2.21), so a GradientTape around a conv layer
+inside pmap failed. This converter computes every position's filter
+gradient at once instead: for each filter tap, the input window the tap
+sees (a strided slice of the padded input) contracted with the output
+gradient over the batch and spatial axes, all in ops DTensor expands.
+"""
+
+import tensorflow as tf
+
+from tfspmd._src import tf_internal
+
+
+def mark(operations):
+  """Gives each NHWC Conv2DBackpropFilter among `operations` this converter."""
+  for operation in operations:
+    if (operation.type == "Conv2DBackpropFilter" and
+        operation.get_attr("data_format") == b"NHWC"):
+      tf_internal.set_pfor_converter(operation, _convert)
+
+
+def _convert(pfor_input):
+  inputs, inputs_stacked, _ = pfor_input.input(0)
+  out_backprop, backprop_stacked, _ = pfor_input.input(2)
+  filter_sizes = pfor_input.unstacked_input(1)
+  size = pfor_input.pfor.loop_len_vector[0]
+  if not inputs_stacked:
+    inputs = tf.broadcast_to(inputs[None], tf.concat(
+        [[size], tf.shape(inputs)], 0))
+  if not backprop_stacked:
+    out_backprop = tf.broadcast_to(out_backprop[None], tf.concat(
+        [[size], tf.shape(out_backprop)], 0))
+  grads = _filter_gradient(
+      inputs, out_backprop, filter_sizes,
+      strides=pfor_input.get_attr("strides"),
+      dilations=pfor_input.get_attr("dilations"),
+      padding=pfor_input.get_attr("padding").decode(),
+      explicit_paddings=pfor_input.get_attr("explicit_paddings"))
+  return [tf_internal.wrap_converted(grads, True)]
+
+
+def _pads(length, out_length, kernel, stride, dilation):
+  """TensorFlow's SAME padding of one spatial axis: (before, after)."""
+  total = max((out_length - 1) * stride + (kernel - 1) * dilation + 1 - length, 0)
+  return total // 2, total - total // 2
+
+
+def _filter_gradient(inputs, out_backprop, filter_sizes, *, strides,
+                     dilations, padding, explicit_paddings):
+  """[n, b, h, w, c_in] x [n, b, h', w', c_out] -> [n, kh, kw, c_in, c_out]."""
+  kernel_h, kernel_w = (int(v) for v in tf.get_static_value(filter_sizes)[:2])
+  _, _, height, width, _ = inputs.shape.as_list()
+  _, _, out_h, out_w, _ = out_backprop.shape.as_list()
+  stride_h, stride_w = strides[1], strides[2]
+  dilation_h, dilation_w = dilations[1], dilations[2]
+  if padding == "SAME":
+    pad_h = _pads(height, out_h, kernel_h, stride_h, dilation_h)
+    pad_w = _pads(width, out_w, kernel_w, stride_w, dilation_w)
+  elif padding == "EXPLICIT":
+    pad_h = tuple(explicit_paddings[2:4])
+    pad_w = tuple(explicit_paddings[4:6])
+  else:
+    pad_h = pad_w = (0, 0)
+  padded = tf.pad(inputs, [[0, 0], [0, 0], list(pad_h), list(pad_w), [0, 0]])
+  taps = []
+  for i in range(kernel_h):
+    row = []
+    for j in range(kernel_w):
+      top, left = i * dilation_h, j * dilation_w
+      window = padded[:, :, top:top + (out_h - 1) * stride_h + 1:stride_h,
+                      left:left + (out_w - 1) * stride_w + 1:stride_w, :]
+      row.append(tf.einsum("nbhwi,nbhwo->nio", window, out_backprop))
+    taps.append(tf.stack(row, axis=1))
+  grads = tf.stack(taps, axis=1)
+  return grads
