@@ -28,6 +28,8 @@ statistics) are averaged over the devices: exact for moving means, close
 for moving variances.
 """
 
+import warnings
+
 import numpy as np
 import tensorflow as tf
 
@@ -172,7 +174,8 @@ class KerasTrainer:
   # --- fit and evaluate ------------------------------------------------------
 
   def fit(self, x, y=None, *, batch_size=None, epochs=1, initial_epoch=0,
-          verbose="auto", callbacks=None, remainder="error"):
+          steps_per_epoch=None, verbose="auto", callbacks=None,
+          remainder="error"):
     """Trains the model for `epochs` epochs, like `model.fit`.
 
     Args:
@@ -184,6 +187,11 @@ class KerasTrainer:
       batch_size: The global batch size, when `x` is an array.
       epochs: The epoch to stop at, as in `model.fit`.
       initial_epoch: The epoch to start at (to resume a run).
+      steps_per_epoch: None to iterate the dataset once per epoch. An int
+        reads that many batches per epoch from one iterator that goes on
+        across epochs, as `model.fit` does: give it for a repeated dataset
+        (`dataset.repeat()`). A multiple of the model's
+        `steps_per_execution`.
       verbose: 'auto', 0, 1 or 2, as in `model.fit` (1: a progress bar).
       callbacks: Keras callbacks; they see the model with the trained values
         at the end of each epoch.
@@ -197,36 +205,62 @@ class KerasTrainer:
     self.build(dataset)
     model = self.model
     steps_per_call = _steps_per_execution(model)
+    if steps_per_epoch is not None and steps_per_epoch % steps_per_call:
+      raise ValueError(
+          f"KerasTrainer.fit: steps_per_epoch={steps_per_epoch} must be a "
+          f"multiple of the model's steps_per_execution={steps_per_call}, so "
+          f"that every epoch ends at the end of a call.")
     batches = tf_data.device_batches(
         dataset, num_devices=len(self.devices), steps_per_call=steps_per_call,
         remainder=remainder)
+    stream = None if steps_per_epoch is None else iter(batches)
     cardinality = int(dataset.cardinality())
     callback_list = keras.callbacks.CallbackList(
         callbacks, add_history=True, add_progbar=verbose != 0,
         verbose=1 if verbose == "auto" else verbose, epochs=epochs,
-        steps=cardinality if cardinality >= 0 else None, model=model)
+        steps=steps_per_epoch or (cardinality if cardinality >= 0 else None),
+        model=model)
     model.stop_training = False
     callback_list.on_train_begin()
     logs = {}
-    for epoch in range(initial_epoch, epochs):
-      callback_list.on_epoch_begin(epoch)
-      state = self._state[:3] + (self._reset_metrics,)
-      step = 0
-      for batch in batches:
-        steps = batch_steps(batch)
-        callback_list.on_train_batch_begin(step)
-        state, step_logs = self._train_call(steps)(state, batch)
-        self._state = state
-        step += steps
-        logs = {name: float(np.asarray(value)[0, -1])
-                for name, value in step_logs.items()}
-        callback_list.on_train_batch_end(step - 1, logs)
-      self.sync_to_model()
-      callback_list.on_epoch_end(epoch, logs)
-      if model.stop_training:
-        break
+    try:
+      for epoch in range(initial_epoch, epochs):
+        logs = self._fit_epoch(
+            epoch, batches if stream is None else _take_steps(
+                stream, steps_per_epoch), callback_list) or logs
+        if model.stop_training:
+          break
+    finally:
+      if stream is not None:
+        stream.close()
     callback_list.on_train_end(logs)
     return model.history
+
+  def _fit_epoch(self, epoch, batches, callback_list):
+    """One epoch of `fit`; returns its logs (empty if there was no batch)."""
+    callback_list.on_epoch_begin(epoch)
+    state = self._state[:3] + (self._reset_metrics,)
+    step = 0
+    logs = {}
+    for batch in batches:
+      steps = batch_steps(batch)
+      callback_list.on_train_batch_begin(step)
+      state, step_logs = self._train_call(steps)(state, batch)
+      self._state = state
+      step += steps
+      logs = {name: float(np.asarray(value)[0, -1])
+              for name, value in step_logs.items()}
+      callback_list.on_train_batch_end(step - 1, logs)
+    if not step:
+      self.model.stop_training = True
+      warnings.warn(
+          "KerasTrainer.fit: the dataset ran out of batches; training stops. "
+          "With steps_per_epoch, repeat the dataset (dataset.repeat()).",
+          stacklevel=3)
+      return logs
+    self.sync_to_model()
+    callback_list.on_epoch_end(epoch, logs)
+    return logs
 
   def evaluate(self, x, y=None, *, batch_size=None, remainder="error"):
     """The compiled loss and metrics of the trained model on some data.
@@ -335,6 +369,17 @@ class KerasTrainer:
 def batch_steps(batch):
   """The number of steps in an item of `device_batches(steps_per_call=K)`."""
   return int(tf.nest.flatten(batch)[0].shape[1])
+
+
+def _take_steps(stream, steps):
+  """Items of `stream` until they hold `steps` steps (or it ends)."""
+  taken = 0
+  while taken < steps:
+    batch = next(stream, None)
+    if batch is None:
+      return
+    taken += batch_steps(batch)
+    yield batch
 
 
 def _steps_per_execution(model):

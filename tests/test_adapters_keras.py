@@ -76,19 +76,33 @@ def test_mlp_equals_one_device_keras_fit_after_3_epochs(optimizer,
   assert history["loss"][-1] < history["loss"][0]
 
 
-def test_dataset_with_sample_weights_equals_keras_fit():
+def test_repeated_shuffled_dataset_with_sample_weights_equals_keras_fit():
+  # One endless reshuffled stream, read steps_per_epoch batches per epoch by
+  # both: the same batches in the same order.
   x, y = data(seed=2)
   w = np.linspace(0.5, 2.0, EXAMPLES).astype(np.float32)
-  dataset = tf.data.Dataset.from_tensor_slices((x, y, w)).batch(BATCH)
+  # A dataset object's reshuffles go on from iteration to iteration: each run
+  # gets its own.
+  dataset = lambda: tf.data.Dataset.from_tensor_slices((x, y, w)).shuffle(
+      EXAMPLES, seed=3, reshuffle_each_iteration=True).batch(BATCH).repeat()
   weights = initial_weights()
   reference = mlp(keras.optimizers.SGD(0.05), weights=weights)
-  expected = reference.fit(dataset, epochs=2, shuffle=False, verbose=0).history
+  expected = reference.fit(dataset(), epochs=2, steps_per_epoch=6,
+                           shuffle=False, verbose=0).history
   model = mlp(keras.optimizers.SGD(0.05), weights=weights)
-  history = keras_training.KerasTrainer(model).fit(dataset, epochs=2,
-                                                   verbose=0).history
+  history = keras_training.KerasTrainer(model).fit(
+      dataset(), epochs=2, steps_per_epoch=6, verbose=0).history
   np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
   for got, want in zip(model.get_weights(), reference.get_weights()):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_steps_per_epoch_not_a_multiple_of_steps_per_execution_is_an_error():
+  x, y = data()
+  trainer = keras_training.KerasTrainer(mlp("sgd", steps_per_execution=4))
+  with pytest.raises(ValueError, match=r"steps_per_epoch=6 must be a multiple "
+                     r"of the model's steps_per_execution=4"):
+    trainer.fit(x, y, batch_size=BATCH, steps_per_epoch=6, verbose=0)
 
 
 def test_evaluate_equals_keras_evaluate():
