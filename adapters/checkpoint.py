@@ -61,6 +61,20 @@ def restore(path, like, **trackables):
 
   Raises:
     ValueError: If the checkpoint does not hold a state like `like`.
+
+  Example:
+    >>> import os, tempfile, numpy as np, tensorflow as tf, tfspmd
+    >>> from adapters import checkpoint
+    >>> step = tfspmd.pmap(lambda w, x: w + tfspmd.lax.psum(x, 'i'), 'i',
+    ...                    in_axes=(None, 0), out_axes=None)
+    >>> w = step(np.zeros(2, np.float32), np.ones((8, 2), np.float32))
+    >>> epoch = tf.Variable(1)
+    >>> path = checkpoint.save(os.path.join(tempfile.mkdtemp(), 'ckpt'),
+    ...                        {'w': w}, epoch=epoch)
+    >>> _ = epoch.assign(0)
+    >>> restored = checkpoint.restore(path, like={'w': w}, epoch=epoch)
+    >>> print(restored['w'], int(epoch))
+    [8. 8.] 1
   """
   like_leaves = tf.nest.flatten(like)
   targets = [_target_leaf(leaf) for leaf in like_leaves]
