@@ -280,7 +280,7 @@ class KerasTrainer:
     if self._test_call is None:
       self._test_call = tfspmd.pmap(
           self._test_step, self.axis_name, in_axes=(None, None, None, 0),
-          out_axes=None, devices=None)
+          out_axes=None)
     for batch in tf_data.device_batches(
         dataset, num_devices=len(self.devices), remainder=remainder):
       metrics, logs = self._test_call(trainable, non_trainable, metrics, batch)
