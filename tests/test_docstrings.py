@@ -6,12 +6,15 @@ import pkgutil
 
 import pytest
 
+import adapters
 import tfspmd
 
 
 def _modules():
-  names = ["tfspmd", "tfspmd.lax"]
+  names = ["tfspmd", "tfspmd.lax", "adapters"]
   for info in pkgutil.walk_packages(tfspmd.__path__, "tfspmd."):
+    names.append(info.name)
+  for info in pkgutil.walk_packages(adapters.__path__, "adapters."):
     names.append(info.name)
   return sorted(set(names))
 
@@ -31,3 +34,18 @@ def test_public_functions_have_examples():
       if callable(value) and ">>>" not in (value.__doc__ or ""):
         missing.append(f"{module.__name__}.{name}")
   assert not missing, f"public names without a docstring example: {missing}"
+
+
+ADAPTERS_PUBLIC = [
+    "adapters.checkpoint.restore",
+    "adapters.checkpoint.save",
+    "adapters.keras_training.KerasTrainer",
+    "adapters.tf_data.device_batches",
+]
+
+
+@pytest.mark.parametrize("name", ADAPTERS_PUBLIC)
+def test_adapters_public_names_have_examples(name):
+  module_name, attribute = name.rsplit(".", 1)
+  value = getattr(importlib.import_module(module_name), attribute)
+  assert ">>>" in (value.__doc__ or ""), f"{name} has no docstring example"

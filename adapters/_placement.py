@@ -1,0 +1,82 @@
+"""Host data onto a pmap's devices as `tfspmd.ShardedArray`s, and back.
+
+tfspmd has no public placement API yet (JAX's `device_put_sharded` and
+`device_put_replicated`); this is the one module of `adapters` that reaches
+into `tfspmd._src`, so that a change there touches one place. The placements
+made here are the ones pmap makes for a mapped size of `len(devices)` over the
+first local devices, so pmap takes the arrays with no copy.
+"""
+
+from tensorflow.experimental import dtensor
+
+import tfspmd
+from tfspmd._src import mesh as mesh_lib  # pylint: disable=protected-access
+from tfspmd._src import pmap as pmap_lib  # pylint: disable=protected-access
+
+
+def data_devices(count=None):
+  """The devices a pmap over `count` mapped positions runs on in this process."""
+  local = tfspmd.local_devices()
+  if count is None:
+    return local
+  if not 1 <= count <= len(local):
+    raise ValueError(
+        f"`num_devices` must be between 1 and the {len(local)} local devices, "
+        f"got {count}.")
+  return local[:count]
+
+
+def placement(devices, rank, split):
+  """The placement pmap gives a rank-`rank` value over `devices`.
+
+  Args:
+    devices: The local devices of the mapped axis, in order.
+    rank: The rank of the whole value (the mapped axis included if split).
+    split: True for an axis 0 split over the devices, False for a value
+      replicated on every device.
+  """
+  dim = mesh_lib.mesh_dim_name(0)
+  spec = [None] * rank
+  if split:
+    spec[0] = dim
+  mesh_key = ((dim,), (len(devices),), tuple(devices))
+  return pmap_lib._placement(mesh_key, tuple(spec))  # pylint: disable=protected-access
+
+
+def pack(components, devices, split):
+  """A `ShardedArray` from one tensor per device.
+
+  Args:
+    components: One tensor per device. Split: device i's block, whose first
+      axis is the device's share of axis 0. Replicated: the same value on
+      every device.
+    devices: The devices, in order.
+    split: Whether the components are blocks of axis 0 (True) or copies.
+
+  Returns:
+    A `ShardedArray` of shape `(len(devices) * block rows, ...)` when split,
+    else the components' shape.
+  """
+  first = components[0]
+  shape = first.shape.as_list()
+  if split:
+    shape[0] *= len(devices)
+  where = placement(devices, len(shape), split)
+  value = dtensor.pack(list(components), where.layout)
+  return tfspmd.ShardedArray(value, where, shape, first.dtype)
+
+
+def unpack(array):
+  """The per-device tensors of a `ShardedArray`, in device order."""
+  return [shard.data for shard in array.addressable_shards]
+
+
+def is_replicated(array):
+  """True if every device holds the whole of `array`."""
+  return all(dim is None for dim in array.placement.spec)
+
+
+def pack_like(components, like):
+  """A `ShardedArray` placed as `like` is, from one tensor per local device."""
+  value = dtensor.pack(list(components), like.layout)
+  return tfspmd.ShardedArray(value, like.placement, like.shape, like.dtype)

@@ -1,0 +1,281 @@
+"""A `tf.data.Dataset` of global batches, as per-device batches on the devices.
+
+Every element of the dataset is one global batch: a tensor or a tuple, dict
+or namedtuple of tensors whose first axis is the batch. `device_batches`
+iterates it as the same structure of `tfspmd.ShardedArray`s of shape
+`(local_devices, per_device_batch, ...)`, placed by `dtensor.pack` of each
+device's rows, ready for a pmap with `in_axes=0`:
+
+  global batch rows:  [ process 0's share | process 1's share | ... ]
+  process p's share:  [ device 0 | device 1 | ... ]   (this process's devices)
+
+In a multi-process run each process keeps only its share of every batch
+(the slice is taken inside the tf.data pipeline) and places it on its own
+devices. A background thread places the next batches while the current step
+runs.
+"""
+
+import queue
+import threading
+
+import tensorflow as tf
+
+import tfspmd
+from adapters import _placement
+
+_REMAINDER_POLICIES = ("error", "pad")
+
+
+def device_batches(dataset, *, num_devices=None, steps_per_call=None,
+                   remainder="error", buffer_size=2, process_index=None,
+                   process_count=None):
+  """Iterates a dataset of global batches as batches placed on the devices.
+
+  Args:
+    dataset: A `tf.data.Dataset` whose elements are global batches (a tensor
+      or a pytree of tensors, all with the batch as their first axis).
+    num_devices: How many local devices to spread each batch over (the
+      mapped size of the pmap it feeds); None for all local devices.
+    steps_per_call: None for one batch per item. An int K stacks K
+      consecutive batches per item, for `pmap(..., steps=K)`: each leaf
+      then has shape `(devices, K, per_device_batch, ...)`. The last item of
+      the dataset, or one where the batch size changes, may hold fewer steps.
+    remainder: What to do with a global batch whose size does not divide by
+      the number of devices of all processes. 'error' (the default) raises
+      ValueError. 'pad' appends zero rows up to the next multiple, and gives
+      every batch per-example weights, 1 for real rows and 0 for padding:
+      elements must be `(x, y)` (they become `(x, y, weights)`) or
+      `(x, y, sample_weight)` (the sample weights are padded with zeros).
+    buffer_size: How many batches are placed ahead of the one in use; 0
+      places each batch only when it is asked for.
+    process_index: This process's index; None asks `tfspmd.process_index()`.
+    process_count: The number of processes; None asks
+      `tfspmd.process_count()`.
+
+  Returns:
+    A `DeviceBatches`: iterate it (once or many times, e.g. once per epoch)
+    to get the placed batches.
+
+  Raises:
+    ValueError: For a bad argument here, or while iterating, for a batch that
+      does not divide by the devices, or whose leaves disagree in size.
+
+  Example:
+    >>> import numpy as np, tensorflow as tf
+    >>> from adapters import tf_data
+    >>> x = np.arange(32.).reshape(16, 2)
+    >>> dataset = tf.data.Dataset.from_tensor_slices(x).batch(8)
+    >>> batches = list(tf_data.device_batches(dataset, num_devices=4))
+    >>> batches[0].shape, batches[0].addressable_shards[1].data.numpy().tolist()
+    (TensorShape([4, 2, 2]), [[[4.0, 5.0], [6.0, 7.0]]])
+  """
+  return DeviceBatches(dataset, num_devices=num_devices,
+                       steps_per_call=steps_per_call, remainder=remainder,
+                       buffer_size=buffer_size, process_index=process_index,
+                       process_count=process_count)
+
+
+class DeviceBatches:
+  """An iterable of placed per-device batches; made by `device_batches`.
+
+  Attributes:
+    devices: The local devices each batch is spread over, in order.
+    process_index: This process's index.
+    process_count: The number of processes.
+  """
+
+  def __init__(self, dataset, *, num_devices, steps_per_call, remainder,
+               buffer_size, process_index, process_count):
+    if not isinstance(dataset, tf.data.Dataset):
+      raise TypeError(
+          f"device_batches: `dataset` must be a tf.data.Dataset of global "
+          f"batches, got {type(dataset).__name__}.")
+    if steps_per_call is not None and (
+        isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int)
+        or steps_per_call < 1):
+      raise ValueError(
+          f"device_batches: `steps_per_call` must be a positive int or None, "
+          f"got {steps_per_call!r}.")
+    if remainder not in _REMAINDER_POLICIES:
+      raise ValueError(
+          f"device_batches: `remainder` must be one of {_REMAINDER_POLICIES}, "
+          f"got {remainder!r}.")
+    if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or (
+        buffer_size < 0):
+      raise ValueError(
+          f"device_batches: `buffer_size` must be an int >= 0, got "
+          f"{buffer_size!r}.")
+    self.process_count = (tfspmd.process_count() if process_count is None
+                          else process_count)
+    self.process_index = (tfspmd.process_index() if process_index is None
+                          else process_index)
+    if not 0 <= self.process_index < self.process_count:
+      raise ValueError(
+          f"device_batches: `process_index` must be in [0, process_count="
+          f"{self.process_count}), got {self.process_index}.")
+    self.devices = _placement.data_devices(num_devices)
+    self._steps = steps_per_call
+    self._remainder = remainder
+    self._buffer_size = buffer_size
+    self._dataset = self._pipeline(dataset)
+
+  @property
+  def total_devices(self):
+    """The number of devices of all processes a global batch is split over."""
+    return len(self.devices) * self.process_count
+
+  def _pipeline(self, dataset):
+    """The dataset of (this process's share, each batch's global size)."""
+    total = self.total_devices
+    if self._remainder == "pad":
+      dataset = dataset.map(lambda *e: _pad(_element(e), total))
+    dataset = dataset.map(lambda *e: _share(
+        _element(e), self.process_index, self.process_count))
+    if self._steps is not None:
+      # Zeros fill a shorter batch up to the longest of its chunk; the sizes
+      # travel along, and `_items` cuts the chunk where the size changes.
+      dataset = dataset.padded_batch(self._steps)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+  def __iter__(self):
+    items = self._items()
+    if self._buffer_size == 0:
+      return items
+    return _background(items, self._buffer_size)
+
+  def _items(self):
+    batch_index = 0
+    for share, sizes in self._dataset:
+      sizes = sizes.numpy()
+      if self._steps is None:
+        self._check_sizes(sizes, batch_index)
+        batch_index += 1
+        yield tf.nest.map_structure(self._place, share)
+        continue
+      for t in range(len(sizes)):
+        self._check_sizes(sizes[t], batch_index + t)
+      start = 0
+      while start < len(sizes):
+        stop = start + 1
+        while stop < len(sizes) and sizes[stop][0] == sizes[start][0]:
+          stop += 1
+        rows = sizes[start][0] // self.process_count
+        yield tf.nest.map_structure(
+            lambda leaf, a=start, b=stop, r=rows: self._place_steps(
+                leaf[a:b, :r]), share)
+        start = stop
+      batch_index += len(sizes)
+
+  def _check_sizes(self, sizes, batch_index):
+    if len(set(sizes.tolist())) > 1:
+      raise ValueError(
+          f"device_batches: the leaves of batch {batch_index} have different "
+          f"batch sizes {sizes.tolist()}; every leaf of an element needs the "
+          f"batch as its first axis.")
+    size = int(sizes[0])
+    if size % self.total_devices:
+      raise ValueError(
+          f"device_batches: batch {batch_index} has {size} examples, which "
+          f"does not divide by the {self.total_devices} devices "
+          f"({self.process_count} process(es) x {len(self.devices)} local "
+          f"devices). Make the batch size a multiple of "
+          f"{self.total_devices} (e.g. `dataset.batch(n, drop_remainder="
+          f"True)` to drop a short last batch on purpose), or pass "
+          f"remainder='pad' to pad it with zero-weight rows.")
+
+  def _place(self, share):
+    """`(rows, ...)` -> `(devices, rows / devices, ...)` on the devices."""
+    count = len(self.devices)
+    blocks = tf.reshape(share, [count, -1] + share.shape.as_list()[1:])
+    return _placement.pack(tf.split(blocks, count), self.devices, split=True)
+
+  def _place_steps(self, share):
+    """`(steps, rows, ...)` -> `(devices, steps, rows / devices, ...)`."""
+    count = len(self.devices)
+    shape = share.shape.as_list()
+    blocks = tf.reshape(share, [shape[0], count, -1] + shape[2:])
+    blocks = tf.transpose(blocks, [1, 0] + list(range(2, len(shape) + 1)))
+    return _placement.pack(tf.split(blocks, count), self.devices, split=True)
+
+
+def _element(args):
+  """The element a `Dataset.map` function was given, whatever its arity."""
+  return args[0] if len(args) == 1 else args
+
+
+def _pad(element, total):
+  """Pads a global batch to a multiple of `total` rows, with 0-weight rows."""
+  if not isinstance(element, tuple) or len(element) not in (2, 3):
+    raise ValueError(
+        f"device_batches(remainder='pad') needs elements `(x, y)` or `(x, y, "
+        f"sample_weight)`, to give the padding rows weight 0; got an element "
+        f"of type {type(element).__name__}"
+        f"{f' of length {len(element)}' if isinstance(element, tuple) else ''}"
+        f". Use remainder='error' and batch sizes that divide by {total}.")
+  size = _batch_size(element)
+  padded = (size + total - 1) // total * total
+  if len(element) == 2:
+    element = element + (tf.ones([size], tf.float32),)
+
+  def pad(leaf):
+    extra = [[0, padded - size]] + [[0, 0]] * (leaf.shape.rank - 1)
+    return tf.pad(leaf, extra)
+
+  return tf.nest.map_structure(pad, element)
+
+
+def _batch_size(element):
+  return tf.shape(tf.nest.flatten(element)[0])[0]
+
+
+def _share(element, index, count):
+  """This process's rows of a global batch, and every leaf's global size."""
+  leaves = tf.nest.flatten(element)
+  sizes = tf.stack([tf.shape(leaf)[0] for leaf in leaves])
+  rows = sizes[0] // count
+  share = tf.nest.map_structure(
+      lambda leaf: leaf[index * rows:(index + 1) * rows], element)
+  return share, sizes
+
+
+def _background(items, buffer_size):
+  """Runs the generator `items` in a thread, up to `buffer_size` ahead."""
+  buffer = queue.Queue(maxsize=buffer_size)
+  stop = threading.Event()
+  done = object()
+
+  def produce():
+    try:
+      for item in items:
+        if not _put(buffer, (item, None), stop):
+          return
+      _put(buffer, (done, None), stop)
+    except Exception as e:  # pylint: disable=broad-except
+      # Raised again in the consumer, with its traceback.
+      _put(buffer, (done, e), stop)
+
+  thread = threading.Thread(target=produce, daemon=True,
+                            name="adapters.tf_data placement")
+  thread.start()
+  try:
+    while True:
+      item, error = buffer.get()
+      if error is not None:
+        raise error
+      if item is done:
+        return
+      yield item
+  finally:
+    stop.set()
+    thread.join()
+
+
+def _put(buffer, item, stop):
+  """Puts `item` unless the consumer has stopped; False if it has."""
+  while not stop.is_set():
+    try:
+      buffer.put(item, timeout=0.05)
+      return True
+    except queue.Full:
+      continue
+  return False

@@ -1,0 +1,193 @@
+"""adapters.tf_data: global batches become per-device batches on the devices."""
+
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfspmd
+from adapters import tf_data
+
+
+def global_batches(size, batch, features=3):
+  x = np.arange(size * features, dtype=np.float32).reshape(size, features)
+  y = np.arange(size, dtype=np.int32)
+  return x, y, tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+
+
+def test_shapes_and_each_device_holds_its_rows():
+  x, y, dataset = global_batches(64, 32)
+  batches = list(tf_data.device_batches(dataset))
+  assert len(batches) == 2
+  for k, (bx, by) in enumerate(batches):
+    assert bx.shape == (8, 4, 3) and by.shape == (8, 4)
+    assert bx.dtype == tf.float32 and by.dtype == tf.int32
+    rows = x[32 * k:32 * (k + 1)].reshape(8, 4, 3)
+    for device, shard in enumerate(bx.addressable_shards):
+      assert shard.device == tfspmd.local_devices()[device]
+      assert shard.data.device.endswith(f"CPU:{device}")
+      np.testing.assert_array_equal(shard.data.numpy(), rows[device:device + 1])
+    np.testing.assert_array_equal(by, y[32 * k:32 * (k + 1)].reshape(8, 4))
+
+
+def test_batches_go_into_pmap_as_placed():
+  _, _, dataset = global_batches(32, 32)
+  bx, by = next(iter(tf_data.device_batches(dataset)))
+  f = tfspmd.pmap(lambda x, y: (x * 2, y))
+  out, _ = f(bx, by)
+  assert out.placement is bx.placement
+  np.testing.assert_array_equal(out, np.asarray(bx) * 2)
+
+
+def test_fewer_devices_and_dict_elements():
+  x = np.arange(24, dtype=np.float32).reshape(12, 2)
+  dataset = tf.data.Dataset.from_tensor_slices({"a": x, "b": x[:, 0]}).batch(6)
+  batches = list(tf_data.device_batches(dataset, num_devices=3))
+  assert sorted(batches[0]) == ["a", "b"]
+  assert batches[1]["a"].shape == (3, 2, 2)
+  assert len(batches[1]["a"].addressable_shards) == 3
+  np.testing.assert_array_equal(batches[1]["b"], x[6:, 0].reshape(3, 2))
+
+
+def test_steps_per_call_stacks_consecutive_batches_per_device():
+  x, _, dataset = global_batches(80, 16)  # 5 batches -> chunks of 2, 2, 1
+  chunks = list(tf_data.device_batches(dataset, steps_per_call=2))
+  assert [c[0].shape for c in chunks] == [(8, 2, 2, 3), (8, 2, 2, 3),
+                                          (8, 1, 2, 3)]
+  # [step, global batch, ...] -> [device, step, per-device batch, ...]
+  expected = x[:64].reshape(2, 2, 8, 2, 3).transpose(0, 2, 1, 3, 4)
+  np.testing.assert_array_equal(chunks[0][0], expected[0])
+  np.testing.assert_array_equal(chunks[1][0], expected[1])
+  np.testing.assert_array_equal(chunks[2][0], x[64:].reshape(8, 1, 2, 3))
+
+
+def test_steps_per_call_cuts_a_chunk_where_the_batch_size_changes():
+  x, _, dataset = global_batches(40, 16)  # batches of 16, 16, 8
+  chunks = list(tf_data.device_batches(dataset, steps_per_call=3))
+  assert [c[0].shape for c in chunks] == [(8, 2, 2, 3), (8, 1, 1, 3)]
+  np.testing.assert_array_equal(chunks[1][0], x[32:].reshape(8, 1, 1, 3))
+
+
+def test_batch_not_divisible_by_devices_is_an_error():
+  _, _, dataset = global_batches(36, 16)  # the last batch has 4 rows
+  batches = iter(tf_data.device_batches(dataset))
+  next(batches)
+  next(batches)
+  with pytest.raises(ValueError, match=r"batch 2 has 4 examples, which does "
+                     r"not divide by the 8 devices"):
+    next(batches)
+
+
+def test_leaves_with_different_batch_sizes_are_an_error():
+  dataset = tf.data.Dataset.from_tensors((tf.zeros([8, 2]), tf.zeros([16])))
+  with pytest.raises(ValueError, match="different batch sizes"):
+    list(tf_data.device_batches(dataset))
+
+
+def test_pad_policy_pads_with_zero_weight_rows():
+  x, y, dataset = global_batches(20, 16)  # batches of 16 and 4
+  batches = list(tf_data.device_batches(dataset, remainder="pad"))
+  bx, by, weights = batches[1]
+  assert bx.shape == (8, 1, 3)
+  np.testing.assert_array_equal(np.asarray(bx)[:4, 0], x[16:])
+  np.testing.assert_array_equal(np.asarray(bx)[4:], 0)
+  np.testing.assert_array_equal(np.asarray(weights).ravel(), [1] * 4 + [0] * 4)
+  np.testing.assert_array_equal(np.asarray(batches[0][2]), np.ones((8, 2)))
+
+
+def test_pad_policy_pads_given_sample_weights_with_zeros():
+  dataset = tf.data.Dataset.from_tensors(
+      (tf.ones([6, 2]), tf.ones([6]), tf.fill([6], 0.5)))
+  _, _, weights = next(iter(tf_data.device_batches(dataset, remainder="pad")))
+  np.testing.assert_array_equal(np.asarray(weights).ravel(),
+                                [0.5] * 6 + [0] * 2)
+
+
+def test_pad_policy_needs_x_y_elements():
+  dataset = tf.data.Dataset.from_tensors(tf.ones([6, 2]))
+  with pytest.raises(ValueError, match=r"remainder='pad'\) needs elements"):
+    tf_data.device_batches(dataset, remainder="pad")
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
+def test_each_process_places_only_its_share(index):
+  # 4 processes x 8 local devices: process p gets rows [16p, 16p + 16) of
+  # every global batch of 64, two rows per local device.
+  x, _, dataset = global_batches(128, 64)
+  batches = list(tf_data.device_batches(dataset, process_index=index,
+                                        process_count=4))
+  for k, (bx, _) in enumerate(batches):
+    share = x[64 * k + 16 * index:64 * k + 16 * (index + 1)]
+    np.testing.assert_array_equal(bx, share.reshape(8, 2, 3))
+
+
+def test_processes_share_every_row_exactly_once():
+  x, _, dataset = global_batches(96, 48)
+  seen = []
+  for index in range(3):
+    for bx, _ in tf_data.device_batches(dataset, num_devices=2,
+                                        process_index=index, process_count=3):
+      seen.append(np.asarray(bx).reshape(-1, 3))
+  np.testing.assert_array_equal(np.sort(np.concatenate(seen), axis=0), x)
+
+
+def test_divisibility_counts_the_devices_of_every_process():
+  _, _, dataset = global_batches(24, 24)
+  with pytest.raises(ValueError, match=r"the 16 devices \(2 process\(es\) x "
+                     r"8 local devices\)"):
+    list(tf_data.device_batches(dataset, process_index=0, process_count=2))
+
+
+def test_iterating_again_starts_a_new_epoch():
+  x, _, dataset = global_batches(32, 16)
+  batches = tf_data.device_batches(dataset)
+  first = [np.asarray(b[0]) for b in batches]
+  second = [np.asarray(b[0]) for b in batches]
+  np.testing.assert_array_equal(np.concatenate(first).reshape(-1, 3)[:16],
+                                x[:16])
+  np.testing.assert_array_equal(first, second)
+
+
+def test_next_batches_are_placed_ahead_in_a_thread():
+  _, _, dataset = global_batches(64, 8)
+  items = iter(tf_data.device_batches(dataset, buffer_size=3))
+  next(items)
+  threads = [t.name for t in threading.enumerate()]
+  assert "adapters.tf_data placement" in threads
+  assert len(list(items)) == 7
+
+
+def test_abandoning_the_iteration_stops_its_thread():
+  _, _, dataset = global_batches(64, 8)
+  items = iter(tf_data.device_batches(dataset, buffer_size=1))
+  next(items)
+  items.close()
+  assert "adapters.tf_data placement" not in [
+      t.name for t in threading.enumerate()]
+
+
+def test_unbuffered_iteration_gives_the_same_batches():
+  _, _, dataset = global_batches(32, 16)
+  buffered = [np.asarray(b[0]) for b in tf_data.device_batches(dataset)]
+  direct = [np.asarray(b[0]) for b in tf_data.device_batches(
+      dataset, buffer_size=0)]
+  np.testing.assert_array_equal(buffered, direct)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(steps_per_call=0), "`steps_per_call` must be a positive int"),
+    (dict(remainder="drop"), "`remainder` must be one of"),
+    (dict(buffer_size=-1), "`buffer_size` must be an int >= 0"),
+    (dict(num_devices=9), "`num_devices` must be between 1 and the 8"),
+    (dict(process_index=2, process_count=2), "`process_index` must be in"),
+])
+def test_bad_arguments(kwargs, message):
+  _, _, dataset = global_batches(16, 8)
+  with pytest.raises(ValueError, match=message):
+    tf_data.device_batches(dataset, **kwargs)
+
+
+def test_not_a_dataset():
+  with pytest.raises(TypeError, match="must be a tf.data.Dataset"):
+    tf_data.device_batches(np.zeros((8, 2)))
