@@ -15,7 +15,6 @@ A call in debug mode runs each device's program eagerly instead (`debug.call`).
 
 import dataclasses
 import functools
-import threading
 
 import numpy as np
 import tensorflow as tf
@@ -24,6 +23,7 @@ from tensorflow.experimental import dtensor
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
+from tfspmd._src import lru
 from tfspmd._src import mapped_args
 from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import placement as placement_lib
@@ -119,9 +119,8 @@ class PmappedFunction:
     self._devices = _check_devices(devices, backend)
     self._backend = backend
     self._debug = debug
-    self._programs = {}
-    self._vjps = {}
-    self._lock = threading.Lock()
+    self._programs = lru.LRUCache(lru.TRACE_CACHE_SIZE)
+    self._vjps = lru.LRUCache(lru.TRACE_CACHE_SIZE)
     functools.update_wrapper(self, fun, updated=())
 
   def __repr__(self):
@@ -249,8 +248,7 @@ class PmappedFunction:
           make_pmap, self._fun, self._args.rebuilder(dynamic, kwargs, statics),
           in_axes, program.output_axes, program.trainable_variables,
           self._axis_name)
-      with self._lock:
-        self._vjps[key] = vjp
+      self._vjps.put(key, vjp)
     return vjp
 
   # --- tracing -----------------------------------------------------------
@@ -338,8 +336,7 @@ class PmappedFunction:
         trainable_variables=tuple(concrete.trainable_variables),
         mesh=built["placements"][0].mesh if built["placements"] else
         mesh_lib.mesh_for_axes(*mesh_key))
-    with self._lock:
-      self._programs[key] = program
+    self._programs.put(key, program)
     return program
 
   def _mesh_devices(self, size):
@@ -602,6 +599,14 @@ def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0,
     >>> print(seen)
     [[0. 1. 2.]
      [0. 1. 2.]]
+
+  Trace cache:
+    Each pmapped function keeps the programs of its 64 most recently used
+    call signatures (`tfspmd._src.lru.TRACE_CACHE_SIZE`): shapes, dtypes,
+    tree structure, static values. A call with a signature beyond those
+    drops the least recently used program, so calls with ever-new shapes
+    trace every time but do not grow memory; pad or bucket shapes to stay
+    within the limit.
 
   Debug mode:
     With `debug=True` (or inside `tfspmd.debug_mode()`), nothing is traced:
