@@ -157,7 +157,8 @@ class PmappedFunction:
         signature.append((leaf.placement, tuple(leaf.shape), leaf.dtype))
         continue
       if isinstance(leaf, tf.Tensor):
-        ready = leaf.dtype.is_numeric or leaf.dtype.is_bool
+        dtype = leaf.dtype
+        ready = (dtype.is_numeric and not dtype.is_quantized) or dtype.is_bool
       else:
         ready = isinstance(leaf, np.ndarray) and leaf.dtype.kind in "biufc"
       if not ready:
