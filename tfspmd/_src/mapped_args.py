@@ -127,9 +127,11 @@ class MappedArguments:
           f"{self.transform} was given axis_size={self.axis_size}, but its "
           f"mapped arguments have size {size} along the mapped axis.")
     if size == 0:
+      path, shape, axis, _ = sizes[0]
       raise ValueError(
-          f"{self.transform}'s mapped axis has size 0; a {self.transform} "
-          f"needs at least one position (mapped size >= 1).")
+          f"{self.transform} maps axis {axis} of {path}, of shape "
+          f"{tuple(shape)}, which has size 0; a {self.transform} needs at "
+          f"least one position along the mapped axis (size >= 1).")
     return size
 
   @staticmethod

@@ -134,6 +134,8 @@ class PmappedFunction:
   # --- the call ----------------------------------------------------------
 
   def __call__(self, *args, **kwargs):
+    if self._donate_argnums:
+      self._check_donated_positions(len(args))
     if self._debug or debug_mode.active():
       return debug_call.call(self, args, kwargs)
     if axis_env.trace_state() is not None:
@@ -152,7 +154,9 @@ class PmappedFunction:
       if isinstance(leaf, tf.Variable):
         leaf = tf.convert_to_tensor(leaf)
       if isinstance(leaf, ShardedArray):
-        leaf._check_alive()  # pylint: disable=protected-access
+        if leaf.is_deleted():
+          raise _donated_argument_error(
+              self._args.paths(args, static_positions, kwargs)[k])
         values.append(leaf)
         signature.append((leaf.placement, tuple(leaf.shape), leaf.dtype))
         continue
@@ -364,6 +368,15 @@ class PmappedFunction:
 
   # --- donation ----------------------------------------------------------
 
+  def _check_donated_positions(self, count):
+    for num in self._donate_argnums:
+      if not -count <= num < count:
+        raise ValueError(
+            f"pmapped function has donate_argnums={self._donate_argnums}, but "
+            f"was called with only {count} positional argument(s), so "
+            f"argument {num} cannot be donated. Pass every donated argument "
+            f"positionally, or drop it from donate_argnums.")
+
   def _delete_donated(self, args, results):
     kept = {id(r) for r in results}
     for num in self._donate_argnums:
@@ -428,6 +441,13 @@ class PmappedFunction:
         splits[inner_axis + (inner_axis >= axis)] = dim
       state.output_splits[id(value)] = (value, splits)
     return result.treedef.unflatten(result.values)
+
+
+def _donated_argument_error(path):
+  return RuntimeError(
+      f"pmapped function argument {path} is a ShardedArray that was donated "
+      f"to an earlier call (donate_argnums), which deleted it. Pass that "
+      f"call's result instead, or do not donate an argument you use again.")
 
 
 def _carry_treedef(dynamic, steps):
@@ -519,7 +539,13 @@ def _mesh_key(state, devices):
 def _check_devices(devices, backend):
   if devices is None:
     return None
-  devices = tuple(devices)
+  try:
+    devices = tuple(devices)
+  except TypeError:
+    raise TypeError(
+        f"pmap: `devices` must be a sequence of tfspmd.Device (from "
+        f"tfspmd.devices()), got {type(devices).__name__} {devices!r}."
+    ) from None
   if not devices:
     raise ValueError("pmap: `devices` is empty; give at least one device or "
                      "leave it None to use the first local devices.")
@@ -529,7 +555,10 @@ def _check_devices(devices, backend):
           f"pmap: `devices` must hold tfspmd.Device objects (from "
           f"tfspmd.devices()), got {type(device).__name__} {device!r}.")
   if len(set(devices)) != len(devices):
-    raise ValueError(f"pmap: `devices` lists a device twice: {list(devices)}.")
+    twice = next(d for d in devices if devices.count(d) > 1)
+    raise ValueError(
+        f"pmap: `devices` lists {twice!r} twice; give each device once: "
+        f"{list(devices)}.")
   platforms = {d.platform for d in devices}
   if len(platforms) > 1:
     raise ValueError(
