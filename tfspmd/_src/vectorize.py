@@ -177,6 +177,12 @@ def resolve_out_axes(out_axes, result, outputs):
   paths = tree.leaf_paths(result, "output")
   resolved = []
   for spec, value, path in zip(specs, outputs, paths):
+    if value.shape.rank is None:
+      raise ValueError(
+          f"the mapped function returned {path} of unknown rank (from an op "
+          f"TensorFlow cannot infer shapes of, such as tf.py_function); a "
+          f"mapped function's outputs need static shapes: give it one with "
+          f"tf.ensure_shape(value, shape).")
     if spec is None:
       resolved.append(None)
     else:
