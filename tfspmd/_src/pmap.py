@@ -23,6 +23,7 @@ from tensorflow.experimental import dtensor
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
+from tfspmd._src import dtensor_errors
 from tfspmd._src import lru
 from tfspmd._src import mapped_args
 from tfspmd._src import mesh as mesh_lib
@@ -232,11 +233,17 @@ class PmappedFunction:
     """Places `values`, runs `program`, wraps its outputs."""
     placed = [_place(value, placement)
               for value, placement in zip(values, program.input_placements)]
-    if placed:
-      outputs = program.function(*placed)
-    else:
-      with dtensor.run_on(program.mesh):
-        outputs = program.function()
+    try:
+      if placed:
+        outputs = program.function(*placed)
+      else:
+        with dtensor.run_on(program.mesh):
+          outputs = program.function()
+    except tf.errors.OpError as e:
+      explained = dtensor_errors.explain(e, self._axis_name)
+      if explained is None:
+        raise
+      raise explained from None
     return [ShardedArray(value, placement, shape, dtype)
             for value, placement, shape, dtype in zip(
                 outputs, program.output_placements, program.output_shapes,
