@@ -27,6 +27,7 @@ from tfspmd._src import dtensor_errors
 from tfspmd._src import lru
 from tfspmd._src import mapped_args
 from tfspmd._src import mesh as mesh_lib
+from tfspmd._src import new_axis
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import pmap_gradient
 from tfspmd._src import steps as steps_lib
@@ -325,6 +326,7 @@ class PmappedFunction:
     specs = [tf.TensorSpec(shape, tf.as_dtype(dtype))
              for shape, dtype in zip(shapes, dtypes)]
     concrete = function.get_concrete_function(*specs)
+    new_axis.check_program(concrete.outputs, self._axis_name)
     mesh_key = built["mesh_key"]
     input_placements = []
     for leaf, (shape, axis) in enumerate(zip(shapes, axes)):

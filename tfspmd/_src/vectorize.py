@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
+from tfspmd._src import new_axis
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
 
@@ -105,7 +106,10 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
             on_slice(leaf, piece, index)
           per_device.append(piece)
       args, kwargs = rebuild_args(per_device)
+      graph = tf.compat.v1.get_default_graph()
+      first_op = len(graph.get_operations())
       result = fun(*args, **kwargs)
+      new_axis.mark_slices(graph.get_operations()[first_op:])
       leaves, treedef = tree.flatten(result)
       outputs = [output_tensor(leaf, path) for leaf, path in zip(
           leaves, tree.leaf_paths(result, "output"))]
