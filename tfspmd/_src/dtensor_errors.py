@@ -57,6 +57,11 @@ def explain(error, axis_name):
         f"...) with a seed passed as an argument; for a different stream on "
         f"each device, fold in lax.axis_index (tf.random.experimental."
         f"stateless_fold_in).")
+  if "ui64" in reason:
+    return ValueError(
+        f"{what} DTensor's collectives move no uint64 between devices: cast "
+        f"the value to int64 around the op that moves it (tf.cast keeps the "
+        f"bits, and sums wrap the same).")
   todo = _HINTS.get(op, "compute it outside the mapped function, or with "
                         "other ops")
   if _NO_LAYOUT in reason:

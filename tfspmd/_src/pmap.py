@@ -318,7 +318,7 @@ class PmappedFunction:
               spec[inner_axis + (inner_axis >= axis)] = dim
           placement = _placement(mesh_key, tuple(spec))
           placements.append(placement)
-          outputs.append(dtensor.relayout(value, placement.layout))
+          outputs.append(_relayout(value, placement.layout))
         built.update(result=result, placements=placements, mesh_key=mesh_key)
         return outputs
 
@@ -450,6 +450,17 @@ class PmappedFunction:
         splits[inner_axis + (inner_axis >= axis)] = dim
       state.output_splits[id(value)] = (value, splits)
     return result.treedef.unflatten(result.values)
+
+
+def _relayout(value, layout):
+  """`dtensor.relayout`, moving uint64 as int64, which DTensor can move.
+
+  DTensor's collectives refuse uint64 (TF 2.21); the cast keeps the bits.
+  """
+  if value.dtype != tf.uint64:
+    return dtensor.relayout(value, layout)
+  moved = dtensor.relayout(tf.cast(value, tf.int64), layout)
+  return tf.cast(moved, tf.uint64)
 
 
 def _donated_argument_error(path):

@@ -65,6 +65,11 @@ def repeat_along_new_axis(value, axis, size):
   shape[axis] = size
   if value.dtype == tf.bool:
     return tf.logical_and(tf.ones(shape, tf.bool), expanded)
+  if value.dtype == tf.uint64:
+    # The multiply may be where DTensor gathers `value`, and its collectives
+    # refuse uint64 (TF 2.21): multiply the same bits as int64.
+    repeated = tf.ones(shape, tf.int64) * tf.cast(expanded, tf.int64)
+    return tf.cast(repeated, tf.uint64)
   return tf.ones(shape, value.dtype) * expanded
 
 

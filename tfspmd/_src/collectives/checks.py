@@ -14,8 +14,12 @@ ORDERED = ("real numbers (integer or floating; not bool or complex)",
            lambda d: d.is_integer or d.is_floating)
 
 
-def leafwise(function, x, *, collective, accepts=ARRAYS):
+def leafwise(function, x, *, collective, accepts=ARRAYS, ordered=False,
+             uint64_as_int64=True):
   """Applies `function` to each leaf of the pytree `x`, as a tensor.
+
+  A uint64 leaf goes through `function` as int64 (see `as_int64`), unless
+  `uint64_as_int64` is False; `ordered` says the collective compares values.
 
   Raises:
     TypeError: Naming the leaf's path in `x`, if a leaf is not an array or
@@ -39,8 +43,28 @@ def leafwise(function, x, *, collective, accepts=ARRAYS):
           f"{collective}: {path} has dtype {tensor.dtype.name}, but "
           f"{collective} takes {kind}; cast it first (for example "
           f"tf.cast(x, tf.int32)).")
-    results.append(function(tensor))
+    if uint64_as_int64:
+      results.append(as_int64(function, tensor, ordered=ordered))
+    else:
+      results.append(function(tensor))
   return treedef.unflatten(results)
+
+
+def as_int64(function, tensor, *, ordered=False):
+  """`function(tensor)`, with a uint64 tensor moved as int64.
+
+  DTensor's collectives refuse uint64 (TF 2.21: "operand #0 must be tensor
+  of floating-point or 32/64-bit signed integer values"). A cast to int64
+  keeps the bits, and sums wrap the same; for comparisons, flipping the top
+  bit first maps unsigned order onto signed order.
+  """
+  if tensor.dtype != tf.uint64:
+    return function(tensor)
+  top = tf.constant(1 << 63, tf.uint64)
+  if ordered:
+    tensor = tf.bitwise.bitwise_xor(tensor, top)
+  result = tf.cast(function(tf.cast(tensor, tf.int64)), tf.uint64)
+  return tf.bitwise.bitwise_xor(result, top) if ordered else result
 
 
 def normalize_axis(axis, rank, *, argument, function, of=None):

@@ -68,13 +68,13 @@ def pmean(x, axis_name):
     count *= frame.size
 
   def mean(leaf):
-    total = _psum_leaf(leaf, targets)
+    total = checks.as_int64(lambda v: _psum_leaf(v, targets), leaf)
     if total.dtype.is_integer:
       return tf.cast(total, tf.float32) / count
     return total / tf.cast(count, total.dtype)
 
   return checks.leafwise(mean, x, collective="pmean",
-                         accepts=checks.NUMBERS)
+                         accepts=checks.NUMBERS, uint64_as_int64=False)
 
 
 def _extremum_step(reduce):
@@ -104,7 +104,7 @@ def _extremum(x, axis_name, function, reduce):
     return extremum_with_transpose(leaf)
 
   return checks.leafwise(leaf_extremum, x, collective=function,
-                         accepts=checks.ORDERED)
+                         accepts=checks.ORDERED, ordered=True)
 
 
 def pmax(x, axis_name):
