@@ -1,6 +1,6 @@
 """pytest_test: one pytest file as a py_test."""
 
-def pytest_test(name, src, deps = []):
+def pytest_test(name, src, deps = [], data = []):
     native.py_test(
         name = name,
         srcs = [
@@ -9,6 +9,6 @@ def pytest_test(name, src, deps = []):
         ],
         main = "pytest_main.py",
         args = ["$(rootpath %s)" % src],
-        data = ["//:pytest_config"],
+        data = ["//:pytest_config"] + data,
         deps = deps,
     )

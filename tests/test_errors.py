@@ -1,4 +1,20 @@
-"""Each kind of bad input raises a specific error that names what to change."""
+"""The catalogue of bad inputs: each raises a specific error that says what to change.
+
+Each row of `CATALOGUE` is one kind of mistake: what the user did, code that
+does it, the exception type it must raise (exactly that type), and a pattern
+its message must match: the argument at fault (its pytree path where it has
+one), what was expected and what was given. docs/errors.md lists every row
+with the message it raises today; `test_docs_list_every_case` keeps the two
+equal. After changing a message or a row, rewrite the page with
+
+  TFSPMD_WRITE_ERRORS_DOC=1 .venv/bin/python -m pytest -q tests/test_errors.py
+"""
+
+import collections
+import dataclasses
+import fractions
+import os
+import re
 
 import numpy as np
 import pytest
@@ -7,180 +23,817 @@ import tensorflow as tf
 import tfspmd
 from tfspmd import lax
 
-
-def test_mismatched_mapped_sizes_name_each_argument():
-  f = tfspmd.pmap(lambda a, b: a + b)
-  with pytest.raises(ValueError) as info:
-    f(np.zeros((4, 2)), {"w": np.zeros((3, 2))})
-  message = str(info.value)
-  assert "inconsistent sizes" in message
-  assert "args[0] of shape (4, 2) mapped along axis 0 has size 4" in message
-  assert "args[1]['w'] of shape (3, 2) mapped along axis 0 has size 3" in message
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC_PATH = os.path.join(_ROOT, "docs", "errors.md")
 
 
-def test_too_many_replicas():
-  with pytest.raises(ValueError, match="requires 9 replicas, but only 8 devices"):
-    tfspmd.pmap(lambda x: x)(np.zeros(9))
+@dataclasses.dataclass(frozen=True)
+class Case:
+  id: str
+  group: str
+  what: str
+  trigger: object
+  error: type
+  match: str
 
 
-def test_too_many_replicas_in_nested_pmaps():
-  inner = tfspmd.pmap(lambda x: x, axis_name="c")
-  with pytest.raises(ValueError, match=r"requires 12 replicas \(4 x 3 nested"):
-    tfspmd.pmap(inner, axis_name="r")(np.zeros((4, 3)))
+CATALOGUE = []
 
 
-def test_zero_size_mapped_axis():
-  with pytest.raises(ValueError, match="size 0"):
-    tfspmd.pmap(lambda x: x)(np.zeros((0, 3)))
+def case(id_, group, what, error, match):
+  """Adds the decorated trigger function to the catalogue as one row."""
+  def add(trigger):
+    CATALOGUE.append(Case(id_, group, what, trigger, error, match))
+    return trigger
+  return add
 
 
-def test_mapping_a_scalar():
-  with pytest.raises(ValueError, match=r"in_axes maps axis 0 of argument args\[1\], but it is a scalar"):
-    tfspmd.pmap(lambda a, b: a + b)(np.zeros(2), 3.0)
+P = tfspmd.pmap
+SIZES, AXES, STATIC, LEAVES, OUTPUTS, DEVICES, NAMES, COLLECTIVES, OPS, STATE = (
+    "Mapped sizes", "in_axes and out_axes", "Static and donated arguments",
+    "Argument leaves", "Outputs", "Devices and backends",
+    "Axis names", "Collective arguments", "Ops inside the mapped function",
+    "State, steps and configuration")
+
+# --- mapped sizes ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("in_axes", [2, -3])
-def test_in_axes_out_of_range(in_axes):
-  with pytest.raises(ValueError, match=r"args\[0\], which has rank 2: the axis must be in \[-2, 2\)"):
-    tfspmd.pmap(lambda x: x, in_axes=in_axes)(np.zeros((2, 2)))
+@case("mismatched-sizes", SIZES,
+      "mapped arguments disagree on the mapped size", ValueError,
+      r"inconsistent sizes.*\n  args\[0\] of shape \(4, 2\) mapped along axis 0 "
+      r"has size 4\n  args\[1\]\['w'\] of shape \(3, 2\) mapped along axis 0 "
+      r"has size 3")
+def _():
+  P(lambda a, b: a)(np.zeros((4, 2)), {"w": np.zeros((3, 2))})
 
 
-def test_out_axes_out_of_range():
-  with pytest.raises(ValueError, match=r"out_axes puts the mapped axis at 3 of output\[1\], .* rank 2 .*\[-2, 2\)"):
-    tfspmd.pmap(lambda x: (x, x), out_axes=(0, 3))(np.zeros((2, 2)))
+@case("too-many-replicas", SIZES, "a mapped size above the device count",
+      ValueError, r"requires 9 replicas, but only 8 devices are available")
+def _():
+  P(lambda x: x)(np.zeros(9))
 
 
-def test_in_axes_wrong_tree():
-  with pytest.raises(ValueError, match="in_axes has 1 entries, but the function was called with 2"):
-    tfspmd.pmap(lambda a, b: a, in_axes=(0,))(np.zeros(2), np.zeros(2))
-  with pytest.raises(ValueError, match=r"in_axes specification at args\[0\] has keys \['a'\]"):
-    tfspmd.pmap(lambda a: a, in_axes=({"a": 0},))({"b": np.zeros(2)})
-  with pytest.raises(ValueError, match="tree prefix"):
-    tfspmd.pmap(lambda a: a, in_axes=((0, 0),))(np.zeros(2))
+@case("too-many-replicas-nested", SIZES,
+      "nested pmaps whose product exceeds the device count", ValueError,
+      r"requires 12 replicas \(4 x 3 nested pmaps\), but only 8 devices")
+def _():
+  P(P(lambda x: x, axis_name="c"), axis_name="r")(np.zeros((4, 3)))
 
 
-def test_out_axes_wrong_tree():
-  with pytest.raises(ValueError, match="out_axes specification at output has 3 entries"):
-    tfspmd.pmap(lambda a: (a, a), out_axes=(0, 0, 0))(np.zeros(2))
+@case("zero-size", SIZES, "a mapped axis of size 0", ValueError,
+      r"maps axis 0 of args\[0\], of shape \(0, 3\), which has size 0.*size >= 1")
+def _():
+  P(lambda x: x)(np.zeros((0, 3)))
 
 
-@pytest.mark.parametrize("spec", [True, "0", 1.5, {0}])
-def test_axis_specs_of_the_wrong_type(spec):
-  with pytest.raises(TypeError, match="in_axes must be an int, None"):
-    tfspmd.pmap(lambda a: a, in_axes=spec)
-  with pytest.raises(TypeError, match="out_axes must be an int, None"):
-    tfspmd.pmap(lambda a: a, out_axes=spec)
+@case("nested-sizes-disagree", SIZES,
+      "two nested pmaps at the same depth with different sizes", ValueError,
+      r"axis 'd' has size 4, another pmap at that depth has size 2")
+def _():
+  P(lambda x, y: (P(lambda a: a, "c")(x), P(lambda a: a, "d")(y)), "r")(
+      np.zeros((2, 2)), np.zeros((2, 4)))
 
 
-def test_non_array_argument_names_its_path():
-  with pytest.raises(TypeError, match=r"argument args\[0\]\['f'\] is a builtin_function_or_method .* static_broadcasted_argnums"):
-    tfspmd.pmap(lambda d: d)({"f": print, "x": np.zeros(2)})
+@case("axis-size-negative", SIZES, "axis_size=-1", ValueError,
+      r"`axis_size` must be a positive int or None, got -1")
+def _():
+  P(lambda x: x, axis_size=-1)
 
 
-def test_string_argument_cannot_be_placed():
-  with pytest.raises(TypeError, match=r"args\[0\] has dtype string"):
-    tfspmd.pmap(lambda s: s)(tf.constant(["a", "b"]))
-  with pytest.raises(TypeError, match=r"args\[0\] has dtype string"):
-    tfspmd.pmap(lambda s: s)(np.array(["a", "b"]))
+@case("no-mapped-argument", SIZES,
+      "nothing mapped (every in_axes None) and no axis_size", ValueError,
+      r"no mapped argument to take the axis size from.*pass axis_size=")
+def _():
+  P(lambda x: x, in_axes=None)(np.zeros(2))
 
 
-def test_unhashable_static_argument():
-  f = tfspmd.pmap(lambda x, n: x, static_broadcasted_argnums=1)
-  with pytest.raises(ValueError, match=r"static argument args\[1\] .* not hashable: list"):
-    f(np.zeros(2), [1, 2])
+@case("axis-size-disagrees", SIZES,
+      "axis_size different from the mapped arguments' size", ValueError,
+      r"axis_size=3, but its mapped arguments have size 2")
+def _():
+  P(lambda x: x, axis_size=3)(np.zeros(2))
+
+# --- in_axes and out_axes ----------------------------------------------------
 
 
-def test_missing_static_argument():
-  f = tfspmd.pmap(lambda x, n=2: x, static_broadcasted_argnums=1)
-  with pytest.raises(ValueError, match=r"static_broadcasted_argnums=\(1,\), but was called with only 1"):
-    f(np.zeros(2))
+@case("in-axes-out-of-range", AXES, "in_axes=2 for a rank-2 argument",
+      ValueError, r"in_axes maps axis 2 of argument args\[0\], which has rank 2: "
+      r"the axis must be in \[-2, 2\)")
+def _():
+  P(lambda x: x, in_axes=2)(np.zeros((2, 2)))
 
 
-def test_static_and_donated_together():
-  with pytest.raises(ValueError, match="both static"):
-    tfspmd.pmap(lambda x: x, static_broadcasted_argnums=0, donate_argnums=0)
+@case("in-axes-negative-out-of-range", AXES,
+      "in_axes=-3 for a rank-2 argument", ValueError,
+      r"in_axes maps axis -3 of argument args\[0\], which has rank 2: the axis "
+      r"must be in \[-2, 2\)")
+def _():
+  P(lambda x: x, in_axes=-3)(np.zeros((2, 2)))
 
 
-def test_argnums_of_the_wrong_type():
-  with pytest.raises(TypeError, match="static_broadcasted_argnums must be an int"):
-    tfspmd.pmap(lambda x: x, static_broadcasted_argnums="0")
-  with pytest.raises(TypeError, match="donate_argnums must be an int"):
-    tfspmd.pmap(lambda x: x, donate_argnums=[0.5])
+@case("mapping-a-scalar", AXES, "a scalar argument mapped over axis 0",
+      ValueError, r"in_axes maps axis 0 of argument args\[1\], but it is a "
+      r"scalar \(rank 0\).*in_axes=None")
+def _():
+  P(lambda a, b: a + b)(np.zeros(2), 3.0)
 
 
-def test_unbound_axis_lists_bound_names():
-  f = tfspmd.pmap(lambda x: lax.psum(x, "j"), axis_name="i")
-  with pytest.raises(NameError, match="unbound axis name: 'j'. The following axis names .* are available: 'i'"):
-    f(np.zeros(2))
+@case("mapping-a-scalar-keyword", AXES,
+      "a scalar keyword argument (keyword arguments are mapped over axis 0)",
+      ValueError, r"axis 0 of argument kwargs\['x'\], but it is a scalar")
+def _():
+  P(lambda x: x)(x=3.0)
 
 
-def test_collective_outside_any_map():
-  with pytest.raises(NameError, match="unbound axis name: 'i'. No axis is bound"):
-    lax.psum(tf.constant(1.), "i")
+@case("out-axes-out-of-range", AXES, "out_axes=3 for a rank-2 result",
+      ValueError, r"out_axes puts the mapped axis at 3 of output\[1\], whose "
+      r"result has rank 2 .*\[-2, 2\)")
+def _():
+  P(lambda x: (x, x), out_axes=(0, 3))(np.zeros((2, 2)))
 
 
-def test_colliding_axis_names_in_nested_pmaps():
-  inner = tfspmd.pmap(lambda x: x, axis_name="i")
-  with pytest.raises(ValueError, match="'i' is already bound"):
-    tfspmd.pmap(inner, axis_name="i")(np.zeros((2, 2)))
+@case("out-axes-negative-out-of-range", AXES,
+      "out_axes=-3 for a rank-2 result", ValueError,
+      r"out_axes puts the mapped axis at -3 of output, whose result has rank 2")
+def _():
+  P(lambda x: x, out_axes=-3)(np.zeros((2, 2)))
 
 
-def test_out_axes_none_on_a_varying_output():
-  with pytest.raises(ValueError, match=r"out_axes=None for output\[1\], but that output varies"):
-    tfspmd.pmap(lambda x: (lax.psum(x, "i"), x), "i", out_axes=None)(np.zeros(2))
+@case("in-axes-length", AXES,
+      "in_axes with fewer entries than positional arguments", ValueError,
+      r"in_axes has 1 entries, but the function was called with 2 positional")
+def _():
+  P(lambda a, b: a, in_axes=(0,))(np.zeros(2), np.zeros(2))
 
 
-def test_devices_argument_checks():
-  devices = tfspmd.devices()
-  with pytest.raises(ValueError, match="`devices` is empty"):
-    tfspmd.pmap(lambda x: x, devices=[])
-  with pytest.raises(ValueError, match="lists a device twice"):
-    tfspmd.pmap(lambda x: x, devices=[devices[0], devices[0]])
-  with pytest.raises(TypeError, match="must hold tfspmd.Device objects"):
-    tfspmd.pmap(lambda x: x, devices=["CPU:0"])
-  with pytest.raises(ValueError, match="mapped axis has size 3"):
-    tfspmd.pmap(lambda x: x, devices=devices[:2])(np.zeros(3))
+@case("in-axes-dict-keys", AXES, "an in_axes dict with other keys",
+      ValueError, r"in_axes specification at args\[0\] has keys \['a'\], but "
+      r"the value there has keys \['b'\]")
+def _():
+  P(lambda a: a, in_axes=({"a": 0},))({"b": np.zeros(2)})
 
 
-def test_nested_pmap_with_devices():
-  inner = tfspmd.pmap(lambda x: x, axis_name="c", devices=tfspmd.devices()[:2])
-  with pytest.raises(ValueError, match="nested pmaps with devices= are not supported"):
-    tfspmd.pmap(inner, axis_name="r")(np.zeros((2, 2)))
+@case("in-axes-not-a-prefix", AXES,
+      "an in_axes container where the argument is a leaf", ValueError,
+      r"in_axes specification must be a tree prefix .* got specification "
+      r"\(0, 0\) for value tree \* at args\[0\]")
+def _():
+  P(lambda a: a, in_axes=((0, 0),))(np.zeros(2))
 
 
-def test_axis_size_checks():
-  with pytest.raises(ValueError, match="axis_size"):
-    tfspmd.pmap(lambda x: x, axis_size=0)
-  with pytest.raises(ValueError, match="pass axis_size= to pmap"):
-    tfspmd.pmap(lambda x: x, in_axes=None)(np.zeros(2))
-  with pytest.raises(ValueError, match="axis_size=3, but its mapped arguments have size 2"):
-    tfspmd.pmap(lambda x: x, axis_size=3)(np.zeros(2))
+@case("out-axes-wrong-tree", AXES,
+      "out_axes with more entries than the outputs", ValueError,
+      r"out_axes specification at output has 3 entries, but the value there "
+      r"has 2")
+def _():
+  P(lambda a: (a, a), out_axes=(0, 0, 0))(np.zeros(2))
 
 
-def test_fun_must_be_callable():
-  with pytest.raises(TypeError, match="`fun` must be callable"):
-    tfspmd.pmap(3)
+@case("in-axes-bool", AXES, "in_axes=True", TypeError,
+      r"in_axes must be an int, None, or a container of those; got the bool "
+      r"True")
+def _():
+  P(lambda a: a, in_axes=True)
 
 
-def test_unhashable_axis_name():
-  with pytest.raises(TypeError, match="`axis_name` must be hashable"):
-    tfspmd.pmap(lambda x: x, axis_name=["i"])
+@case("out-axes-bool", AXES, "out_axes=False", TypeError,
+      r"out_axes must be an int, None, or a container of those; got the bool "
+      r"False")
+def _():
+  P(lambda a: a, out_axes=False)
 
 
-def test_output_that_is_not_a_tensor():
-  with pytest.raises(TypeError, match=r"returned a object at output\[1\]"):
-    tfspmd.pmap(lambda x: (x, object()))(np.zeros(2))
+@case("in-axes-string", AXES, "in_axes='0'", TypeError,
+      r"in_axes must be an int, None, or a \(nested\) tuple/list/dict of "
+      r"those; got str '0'")
+def _():
+  P(lambda a: a, in_axes="0")
 
 
-def test_donated_argument_used_again():
-  x = tfspmd.pmap(lambda v: v)(np.zeros(2))
-  tfspmd.pmap(lambda v: v + 1, donate_argnums=(0,))(x)
-  with pytest.raises(RuntimeError, match="donated to a pmapped function"):
-    tfspmd.pmap(lambda v: v)(x)
+@case("in-axes-float", AXES, "in_axes=(1.5,)", TypeError,
+      r"in_axes must be an int, None, .* got float 1.5")
+def _():
+  P(lambda a: a, in_axes=(1.5,))
 
 
-def test_collective_errors_name_the_collective_called():
-  with pytest.raises(ValueError, match=r"pswapaxes: `split_axis`=5 is out of range"):
-    tfspmd.pmap(lambda v: lax.pswapaxes(v, "i", 5), "i")(np.zeros((2, 2)))
-  with pytest.raises(ValueError, match=r"all_to_all: the dimension `split_axis` has size 3"):
-    tfspmd.pmap(lambda v: lax.all_to_all(v, "i", 0, 0), "i")(np.zeros((2, 3)))
+@case("out-axes-set", AXES, "out_axes={0}", TypeError,
+      r"out_axes must be an int, None, .* got set \{0\}")
+def _():
+  P(lambda a: a, out_axes={0})
+
+
+@case("out-axes-none-varying", AXES,
+      "out_axes=None for an output that differs between devices", ValueError,
+      r"out_axes=None for output\[1\], but that output varies across the "
+      r"devices of axis 'i'.*Give it an integer out_axes")
+def _():
+  P(lambda x: (lax.psum(x, "i"), x), "i", out_axes=None)(np.zeros(2))
+
+# --- static and donated arguments ---------------------------------------------
+
+
+@case("unhashable-static", STATIC, "a list as a static argument",
+      ValueError, r"static argument args\[1\] of the pmapped function is not "
+      r"hashable: list \[1, 2\]")
+def _():
+  P(lambda x, n: x, static_broadcasted_argnums=1)(np.zeros(2), [1, 2])
+
+
+@case("missing-static", STATIC, "a static argument left out of the call",
+      ValueError, r"static_broadcasted_argnums=\(1,\), but was called with "
+      r"only 1 positional argument")
+def _():
+  P(lambda x, n=2: x, static_broadcasted_argnums=1)(np.zeros(2))
+
+
+@case("static-and-donated", STATIC,
+      "one argument both static and donated", ValueError,
+      r"arguments \[0\] are both static .* and donated")
+def _():
+  P(lambda x: x, static_broadcasted_argnums=0, donate_argnums=0)
+
+
+@case("static-argnums-type", STATIC, "static_broadcasted_argnums='0'",
+      TypeError, r"static_broadcasted_argnums must be an int or a collection "
+      r"of ints, got '0'")
+def _():
+  P(lambda x: x, static_broadcasted_argnums="0")
+
+
+@case("donate-argnums-type", STATIC, "donate_argnums=[0.5]", TypeError,
+      r"donate_argnums must be an int or a collection of ints, got \[0.5\]")
+def _():
+  P(lambda x: x, donate_argnums=[0.5])
+
+
+@case("donate-out-of-range", STATIC,
+      "donate_argnums naming an argument the call does not pass", ValueError,
+      r"donate_argnums=\(3,\), but was called with only 1 positional "
+      r"argument.*argument 3 cannot be donated")
+def _():
+  P(lambda x: x, donate_argnums=3)(np.zeros(2))
+
+
+@case("donated-used-again", STATIC,
+      "a donated ShardedArray used after the call", RuntimeError,
+      r"argument args\[0\] is a ShardedArray that was donated to an earlier "
+      r"call \(donate_argnums\), which deleted it")
+def _():
+  x = P(lambda v: v)(np.zeros(2))
+  P(lambda v: v + 1, donate_argnums=(0,))(x)
+  P(lambda v: v)(x)
+
+# --- argument leaves -----------------------------------------------------------
+
+
+@case("function-leaf", LEAVES, "a function inside an argument", TypeError,
+      r"argument args\[0\]\['f'\] is a builtin_function_or_method \(<built-in "
+      r"function print>\), not an array.*static_broadcasted_argnums")
+def _():
+  P(lambda d: d)({"f": print, "x": np.zeros(2)})
+
+
+@case("str-leaf", LEAVES, "a Python str as an argument", TypeError,
+      r"argument args\[0\] is a str \('ab'\), not an array")
+def _():
+  P(lambda x: x)("ab")
+
+
+@case("fraction-leaf", LEAVES, "a fractions.Fraction as an argument",
+      TypeError, r"argument args\[1\] is a Fraction \(Fraction\(1, 3\)\), not an "
+      r"array.*Python bool, int, float or complex")
+def _():
+  P(lambda x, y: x, in_axes=(0, None))(np.zeros(2), fractions.Fraction(1, 3))
+
+
+@case("ragged-leaf", LEAVES, "a tf.RaggedTensor as an argument", TypeError,
+      r"argument args\[0\] is a RaggedTensor .*, not an array")
+def _():
+  P(lambda x: x)(tf.ragged.constant([[1], [2, 3]]))
+
+
+@case("string-tensor", LEAVES, "a tf.string tensor", TypeError,
+      r"argument args\[0\] has dtype string, which cannot be split over "
+      r"devices; only numeric and bool arrays can")
+def _():
+  P(lambda s: s)(tf.constant(["a", "b"]))
+
+
+@case("numpy-str-array", LEAVES, "a NumPy array of str", TypeError,
+      r"argument args\[0\]\.text has dtype str, which cannot be split")
+def _():
+  Batch = collections.namedtuple("Batch", ["x", "text"])
+  P(lambda b: b.x)(Batch(np.zeros(2), np.array(["a", "b"])))
+
+
+@case("numpy-object-array", LEAVES, "a NumPy array of Python objects",
+      TypeError, r"argument args\[0\] has dtype object, which cannot be split")
+def _():
+  P(lambda x: x)(np.array([None, 1], dtype=object))
+
+
+@case("numpy-datetime-array", LEAVES, "a NumPy datetime64 array", TypeError,
+      r"argument kwargs\['t'\] has dtype datetime64, which cannot be split")
+def _():
+  P(lambda t: t)(t=np.array(["2020-01-01", "2020-01-02"], dtype="datetime64[D]"))
+
+
+@case("quantized-tensor", LEAVES, "a quantized (tf.qint8) tensor", TypeError,
+      r"argument args\[0\] has dtype qint8, which cannot be split")
+def _():
+  P(lambda x: x)(tf.constant([1, 2], tf.qint8))
+
+
+@case("int-overflow", LEAVES, "a Python int too large for int32",
+      OverflowError, r"argument args\[1\] is the Python int 1099511627776, "
+      r"which does not fit int32.*np.int64")
+def _():
+  P(lambda x, n: x, in_axes=(0, None))(np.zeros(2), 2 ** 40)
+
+
+@case("unsortable-dict-keys", LEAVES, "a dict whose keys cannot be sorted",
+      TypeError, r"dict at \[0\]\[0\] has keys that cannot be sorted "
+      r"\(\[1, 'a'\]\)")
+def _():
+  P(lambda d: d)({1: np.zeros(2), "a": np.zeros(2)})
+
+
+@case("sharded-array-into-nested", LEAVES,
+      "a ShardedArray from outside passed to a nested pmap", TypeError,
+      r"nested pmap argument args\[0\] is a ShardedArray from outside the "
+      r"enclosing pmap")
+def _():
+  outside = P(lambda v: v)(np.zeros((2, 2)))
+  P(lambda x: P(lambda a: a)(outside), "r")(np.zeros(2))
+
+# --- outputs ---------------------------------------------------------------------
+
+
+@case("output-not-a-tensor", OUTPUTS, "an object() returned", TypeError,
+      r"returned a object at output\[1\], which is not convertible to a tensor")
+def _():
+  P(lambda x: (x, object()))(np.zeros(2))
+
+
+@case("output-unknown-rank", OUTPUTS,
+      "an output of unknown rank (tf.numpy_function)", ValueError,
+      r"returned output of unknown rank .* tf.ensure_shape")
+def _():
+  P(lambda x: tf.numpy_function(lambda a: a, [x], tf.float64))(np.zeros(2))
+
+
+@case("step-not-a-pair", OUTPUTS,
+      "a steps= function returning one value, not (carry, y)", TypeError,
+      r"steps=2: the step function must return a pair \(carry, output\)")
+def _():
+  P(lambda c, x: c, steps=2)(np.zeros(2), np.zeros((2, 2)))
+
+
+@case("carry-changes-shape", OUTPUTS,
+      "a steps= function whose carry changes shape", TypeError,
+      r"carry leaf args\[0\] with per-device shape \[2\] and dtype float64, "
+      r"but was given shape \[\] ")
+def _():
+  P(lambda c, x: (c + x, c), steps=2)(np.zeros(2), np.zeros((2, 2, 2)))
+
+# --- devices and backends --------------------------------------------------
+
+
+@case("devices-empty", DEVICES, "devices=[]", ValueError,
+      r"`devices` is empty")
+def _():
+  P(lambda x: x, devices=[])
+
+
+@case("devices-duplicated", DEVICES, "a device listed twice in devices=",
+      ValueError, r"`devices` lists Device\(platform='cpu', id=0\) twice")
+def _():
+  P(lambda x: x, devices=[tfspmd.devices()[0]] * 2)
+
+
+@case("devices-wrong-type", DEVICES, "device names instead of Devices",
+      TypeError, r"`devices` must hold tfspmd.Device objects .* got str 'CPU:0'")
+def _():
+  P(lambda x: x, devices=["CPU:0"])
+
+
+@case("devices-not-a-sequence", DEVICES, "devices=3", TypeError,
+      r"`devices` must be a sequence of tfspmd.Device .* got int 3")
+def _():
+  P(lambda x: x, devices=3)
+
+
+@case("devices-mixed-kinds", DEVICES, "CPU and GPU devices in one pmap",
+      ValueError, r"`devices` mixes platforms \['cpu', 'gpu'\]")
+def _():
+  gpu = tfspmd.Device(id=0, platform="gpu", process_index=0, local_id=0,
+                      name="/job:localhost/replica:0/task:0/device:GPU:0")
+  P(lambda x: x, devices=[tfspmd.devices()[0], gpu])
+
+
+@case("devices-size-mismatch", DEVICES,
+      "a mapped size other than the number of devices given", ValueError,
+      r"pmap was given 2 devices \(2 in this process\), but the mapped axis has "
+      r"size 3")
+def _():
+  P(lambda x: x, devices=tfspmd.devices()[:2])(np.zeros(3))
+
+
+@case("nested-devices", DEVICES, "devices= on a nested pmap", ValueError,
+      r"nested pmaps with devices= are not supported")
+def _():
+  inner = P(lambda x: x, axis_name="c", devices=tfspmd.devices()[:2])
+  P(inner, axis_name="r")(np.zeros((2, 2)))
+
+
+@case("backend-unknown", DEVICES, "backend='foo'", ValueError,
+      r"`backend` must be None or one of \('cpu', 'gpu', 'tpu'\), got 'foo'")
+def _():
+  P(lambda x: x, backend="foo")(np.zeros(2))
+
+
+@case("backend-absent", DEVICES, "backend='tpu' on a machine without TPUs",
+      RuntimeError, r"backend='tpu' was requested, but this process has no TPU "
+      r"devices; available backends: \['cpu'\]")
+def _():
+  P(lambda x: x, backend="tpu")(np.zeros(2))
+
+# --- axis names --------------------------------------------------------------------
+
+
+@case("axis-name-unhashable", NAMES, "axis_name=['i']", TypeError,
+      r"pmap: `axis_name` must be hashable, got \['i'\]")
+def _():
+  P(lambda x: x, axis_name=["i"])
+
+
+@case("unbound-axis-nested", NAMES,
+      "a collective over a name no enclosing map binds", NameError,
+      r"psum: unbound axis name: 'j'. The following axis names .* are "
+      r"available: 'r', 'c'")
+def _():
+  P(P(lambda x: lax.psum(x, "j"), "c"), "r")(np.zeros((2, 2)))
+
+
+@case("colliding-axis-names", NAMES,
+      "a nested pmap reusing the outer pmap's axis name", ValueError,
+      r"pmap: axis name 'i' is already bound by an enclosing pmap or vmap")
+def _():
+  P(P(lambda x: x, axis_name="i"), axis_name="i")(np.zeros((2, 2)))
+
+
+@case("colliding-vmap-name", NAMES,
+      "a vmap inside a pmap reusing its axis name", ValueError,
+      r"vmap: axis name 'i' is already bound by an enclosing pmap or vmap")
+def _():
+  P(lambda x: tfspmd.vmap(lambda y: y, axis_name="i")(x), "i")(
+      np.zeros((2, 3)))
+
+
+@case("collective-outside-map", NAMES,
+      "a collective called outside any pmap or vmap", NameError,
+      r"psum: unbound axis name: 'i'. No axis is bound here")
+def _():
+  lax.psum(tf.constant(1.), "i")
+
+
+@case("axis-named-twice", NAMES, "psum over ('i', 'i')", ValueError,
+      r"psum: `axis_name` names axis 'i' twice: \('i', 'i'\)")
+def _():
+  P(lambda x: lax.psum(x, ("i", "i")), "i")(np.zeros(2))
+
+
+@case("collective-axis-name-unhashable", NAMES,
+      "a collective's axis name that is a list", TypeError,
+      r"all_gather: `axis_name` must be hashable, got \['i'\]")
+def _():
+  P(lambda x: lax.all_gather(x, ("i", ["i"])), "i")(np.zeros(2))
+
+# --- collective arguments ----------------------------------------------------------
+
+
+@case("psum-bool", COLLECTIVES, "psum of bools", TypeError,
+      r"psum: x\[1\] has dtype bool, but psum takes numbers .*tf.cast")
+def _():
+  P(lambda x: lax.psum((x, x > 0), "i"), "i")(np.zeros(2))
+
+
+@case("pmax-complex", COLLECTIVES, "pmax of complex numbers", TypeError,
+      r"pmax: x has dtype complex64, but pmax takes real numbers")
+def _():
+  P(lambda x: lax.pmax(x, "i"), "i")(np.zeros(2, np.complex64))
+
+
+@case("collective-of-non-array", COLLECTIVES, "psum of an object()",
+      TypeError, r"psum: x\['b'\] is of type object, which is not convertible "
+      r"to a tensor")
+def _():
+  P(lambda x: lax.psum({"a": x, "b": object()}, "i"), "i")(np.zeros(2))
+
+
+@case("all-gather-axis-out-of-range", COLLECTIVES,
+      "all_gather with axis=3 for a rank-1 value", ValueError,
+      r"all_gather: `axis`=3 is out of range for the gathered result of rank 2 "
+      r"\(a per-device value of rank 1 and the new axis\); it must be in "
+      r"\[-2, 2\)")
+def _():
+  P(lambda v: lax.all_gather(v, "i", axis=3), "i")(np.zeros((2, 2)))
+
+
+@case("all-gather-axis-float", COLLECTIVES, "all_gather with axis=1.5",
+      TypeError, r"all_gather: `axis` must be an int, got float 1.5")
+def _():
+  P(lambda v: lax.all_gather(v, "i", axis=1.5), "i")(np.zeros(2))
+
+
+@case("all-gather-tiled-scalar", COLLECTIVES,
+      "all_gather(tiled=True) of a scalar", ValueError,
+      r"all_gather: tiled=True .* needs a per-device value of rank >= 1, but got "
+      r"a scalar")
+def _():
+  P(lambda v: lax.all_gather(v, "i", tiled=True), "i")(np.zeros(2))
+
+
+@case("psum-scatter-size", COLLECTIVES,
+      "psum_scatter over a dimension whose size is not the axis size",
+      ValueError, r"psum_scatter: the dimension `scatter_dimension` has size 3, "
+      r"but must equal the axis size 2")
+def _():
+  P(lambda v: lax.psum_scatter(v, "i"), "i")(np.zeros((2, 3)))
+
+
+@case("psum-scatter-tiled-divisible", COLLECTIVES,
+      "psum_scatter(tiled=True) of a dimension the axis size does not divide",
+      ValueError, r"psum_scatter: with tiled=True the dimension "
+      r"`scatter_dimension` \(size 3\) must divide evenly by the axis size 2")
+def _():
+  P(lambda v: lax.psum_scatter(v, "i", tiled=True), "i")(np.zeros((2, 3)))
+
+
+@case("ppermute-not-pairs", COLLECTIVES, "ppermute with perm=[0, 1]",
+      TypeError, r"ppermute: `perm` must be a sequence of \(source, "
+      r"destination\) pairs, got \[0, 1\]")
+def _():
+  P(lambda v: lax.ppermute(v, "i", [0, 1]), "i")(np.zeros(2))
+
+
+@case("ppermute-negative-index", COLLECTIVES,
+      "ppermute with a negative device index", ValueError,
+      r"ppermute: `perm` entry \(-1, 0\) is out of range for an axis of size 2; "
+      r"indices must be in \[0, 2\)")
+def _():
+  P(lambda v: lax.ppermute(v, "i", [(-1, 0)]), "i")(np.zeros(2))
+
+
+@case("ppermute-repeated-source", COLLECTIVES,
+      "ppermute sending from one device twice", ValueError,
+      r"ppermute: `perm` is not a permutation: a source appears more than once")
+def _():
+  P(lambda v: lax.ppermute(v, "i", [(0, 1), (0, 0)]), "i")(np.zeros(2))
+
+
+@case("pshuffle-not-a-permutation", COLLECTIVES,
+      "pshuffle with perm=[0, 0]", ValueError,
+      r"pshuffle: `perm` must be a permutation of range\(2\), got \[0, 0\]")
+def _():
+  P(lambda v: lax.pshuffle(v, "i", [0, 0]), "i")(np.zeros(2))
+
+
+@case("all-to-all-size", COLLECTIVES,
+      "all_to_all splitting a dimension whose size is not the axis size",
+      ValueError, r"all_to_all: the dimension `split_axis` has size 3, but must "
+      r"equal the axis size 2")
+def _():
+  P(lambda v: lax.all_to_all(v, "i", 0, 0), "i")(np.zeros((2, 3)))
+
+
+@case("pswapaxes-axis-out-of-range", COLLECTIVES,
+      "pswapaxes with axis=5 for a rank-1 value", ValueError,
+      r"pswapaxes: `axis`=5 is out of range for a per-device value of rank 1")
+def _():
+  P(lambda v: lax.pswapaxes(v, "i", 5), "i")(np.zeros((2, 2)))
+
+# --- ops inside the mapped function -------------------------------------------------
+
+
+@case("unvectorizable-op", OPS,
+      "an op pfor cannot vectorize (tf.unique)", ValueError,
+      r"uses the op Unique, which TensorFlow's vectorizer \(pfor\) cannot map "
+      r"over an axis. Compute it outside the mapped function")
+def _():
+  P(lambda x: tf.unique(x)[0])(np.zeros((2, 3)))
+
+
+@case("variable-assign", OPS, "assigning to a tf.Variable inside",
+      ValueError, r"writes to a tf.Variable \(AssignAddVariableOp\).*Pass the "
+      r"state as an argument and return its new value")
+def _():
+  v = tf.Variable(0., dtype=tf.float64)
+  P(lambda x: v.assign_add(tf.reduce_sum(x)))(np.zeros(2))
+
+
+@case("op-dtensor-cannot-place", OPS,
+      "an op DTensor has no layout for (tf.linalg.inv)", ValueError,
+      r"uses the op MatrixInverse, which DTensor \(TF [\d.]+\) cannot place on "
+      r"the mesh: does not implement layout propagation. To fix: .*"
+      r"DTENSOR_ENABLE_REPLICATED_SPMD_AS_DEFAULT_TF.MATRIXINVERSE=1")
+def _():
+  P(tf.linalg.inv, "i")(np.stack([np.eye(2, dtype=np.float32)] * 2))
+
+
+@case("stateful-random", OPS, "tf.random.uniform inside", ValueError,
+      r"uses the op RandomUniform, .*Stateful random operations are not "
+      r"supported in DTensor. Use the stateless random ops")
+def _():
+  P(lambda x: x + tf.random.uniform([3]), "i")(np.zeros((2, 3), np.float32))
+
+
+@case("cond-on-device-value", OPS,
+      "tf.cond on a value that differs between devices", ValueError,
+      r"uses the op DynamicPartition, .* pfor makes it from a tf.cond .*"
+      r"tf.where instead")
+def _():
+  P(lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: x, lambda: -x), "i")(
+      np.zeros((2, 3), np.float32))
+
+
+@case("new-axis-on-replicated", OPS,
+      "x[None] of an in_axes=None argument (DTensor would crash)", ValueError,
+      r"indexes a value that is the same on every device with a new axis "
+      r"\(x\[None\].*at tests/test_errors.py:LINE.*tf.expand_dims")
+def _():
+  P(lambda v, w: v + w[None][0], in_axes=(0, None))(
+      np.zeros((2, 3), np.float32), np.ones(3, np.float32))
+
+
+@case("dynamic-shape-in-tf-function", OPS,
+      "a pmap inside a tf.function whose input shapes are not static",
+      ValueError, r"pmap inside a tf.function needs static shapes, but "
+      r"args\[0\] has shape \(None,\)")
+def _():
+  f = P(lambda v: v)
+  tf.function(lambda v: f(v),
+              input_signature=[tf.TensorSpec([None], tf.float32)]
+              ).get_concrete_function()
+
+# --- state, steps and configuration ----------------------------------------------
+
+
+@case("set-num-cpu-devices-late", STATE,
+      "set_num_cpu_devices after TensorFlow started", RuntimeError,
+      r"set_num_cpu_devices\(4\) came too late: TensorFlow has already created "
+      r"its devices, with 8 logical CPU device\(s\)")
+def _():
+  tfspmd.set_num_cpu_devices(4)
+
+
+@case("set-num-cpu-devices-zero", STATE, "set_num_cpu_devices(0)",
+      ValueError, r"set_num_cpu_devices: `count` must be >= 1, got 0")
+def _():
+  tfspmd.set_num_cpu_devices(0)
+
+
+@case("set-num-cpu-devices-bool", STATE, "set_num_cpu_devices(True)",
+      TypeError, r"set_num_cpu_devices: `count` must be an int, got bool True")
+def _():
+  tfspmd.set_num_cpu_devices(True)
+
+
+@case("steps-zero", STATE, "steps=0", ValueError,
+      r"`steps` must be a positive int or None, got 0")
+def _():
+  P(lambda c, x: (c, x), steps=0)
+
+
+@case("steps-input-length", STATE,
+      "a per-step input whose length is not steps", ValueError,
+      r"steps=3: args\[1\] is a per-step input, so its first per-device axis "
+      r"must have length 3 .* per-device shape is \(2,\)")
+def _():
+  P(lambda c, x: (c, x), steps=3)(np.zeros(2), np.zeros((2, 2)))
+
+
+@case("steps-nested", STATE, "steps= on a nested pmap", ValueError,
+      r"steps= is for the outermost pmap")
+def _():
+  P(P(lambda c, x: (c, x), "c", steps=2), "r")(np.zeros((2, 2)),
+                                               np.zeros((2, 2, 2)))
+
+
+@case("fun-not-callable", STATE, "pmap(3)", TypeError,
+      r"pmap: `fun` must be callable, got 3")
+def _():
+  P(3)
+
+
+@case("debug-not-bool", STATE, "debug='yes'", TypeError,
+      r"pmap: `debug` must be True or False, got str 'yes'")
+def _():
+  P(lambda x: x, debug="yes")
+
+
+@case("sharded-index-out-of-range", STATE,
+      "out[5] of a ShardedArray of 2 devices", IndexError,
+      r"index 5 is out of bounds for axis 0 with size 2")
+def _():
+  P(lambda x: x)(np.zeros(2))[5]  # pylint: disable=expression-not-assigned
+
+# Mistakes whose errors live in another catalogue, listed in the doc so that
+# it is the one place to look.
+PLACEHOLDERS = [
+    ("Multi-process", "a peer process dies during a multi-process run",
+     "see the multi-process work (issue 10, dead peers); its errors are "
+     "catalogued with the multi-process tests"),
+]
+
+# --- the tests ----------------------------------------------------------------------
+
+_raised = {}
+
+
+def raised(entry):
+  """The exception `entry` raises (run once per process), or None."""
+  if entry.id not in _raised:
+    try:
+      entry.trigger()
+      _raised[entry.id] = None
+    except Exception as e:  # pylint: disable=broad-except
+      _raised[entry.id] = e
+  return _raised[entry.id]
+
+
+def message(error):
+  """The message as docs/errors.md shows it: no addresses, paths or lines."""
+  text = str(error)
+  text = re.sub(r"0x[0-9a-f]+", "0x...", text)
+  return re.sub(r"\S*(tests/test_errors\.py):\d+", r"\1:LINE", text)
+
+
+def test_catalogue_has_at_least_40_kinds_with_distinct_ids():
+  assert len(CATALOGUE) >= 40
+  assert len({entry.id for entry in CATALOGUE}) == len(CATALOGUE)
+
+
+@pytest.mark.parametrize("entry", CATALOGUE, ids=lambda entry: entry.id)
+def test_bad_input_raises_a_specific_error(entry):
+  error = raised(entry)
+  assert error is not None, f"{entry.what}: nothing was raised"
+  assert type(error) is entry.error, (  # pylint: disable=unidiomatic-typecheck
+      f"{entry.what}: raised {type(error).__name__}: {error}")
+  assert re.search(entry.match, message(error), re.S), message(error)
+
+
+def render_doc():
+  """docs/errors.md, from the catalogue and the messages raised now."""
+  lines = [
+      "# Errors: what each mistake raises",
+      "",
+      "Every kind of bad input tfspmd knows raises one specific exception "
+      "whose message names",
+      "the argument (its pytree path, such as `args[0]['w']` or "
+      "`kwargs['x']`), what was",
+      "expected and what was given. This page is written from the "
+      "catalogue in",
+      "`tests/test_errors.py`, with the message each case raises, and a "
+      "test keeps it equal",
+      "to what the code raises (rewrite it with",
+      "`TFSPMD_WRITE_ERRORS_DOC=1 .venv/bin/python -m pytest -q "
+      "tests/test_errors.py`).",
+      "",
+      f"{len(CATALOGUE)} kinds of bad input.",
+  ]
+  groups = {}
+  for entry in CATALOGUE:
+    groups.setdefault(entry.group, []).append(entry)
+  for group, entries in groups.items():
+    lines += ["", f"## {group}", "", "| what you did | raises | message |",
+              "| --- | --- | --- |"]
+    for entry in entries:
+      error = raised(entry)
+      text = message(error) if error is not None else "(nothing raised)"
+      lines.append(f"| {_cell(entry.what)} | `{entry.error.__name__}` | "
+                   f"{_cell(text)} |")
+  lines += ["", "## Elsewhere", "", "| what you did | where |", "| --- | --- |"]
+  for group, what, where in PLACEHOLDERS:
+    lines.append(f"| {_cell(what)} ({group}) | {_cell(where)} |")
+  return "\n".join(lines) + "\n"
+
+
+def _cell(text):
+  """`text` in a Markdown table cell: `<lambda>` is not a tag, `|` no column."""
+  for raw, escaped in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"),
+                       ("|", "\\|")):
+    text = text.replace(raw, escaped)
+  return text.replace("\n", "<br>")
+
+
+def test_docs_list_every_case():
+  expected = render_doc()
+  if os.environ.get("TFSPMD_WRITE_ERRORS_DOC"):
+    with open(DOC_PATH, "w", encoding="utf-8") as f:
+      f.write(expected)
+  with open(DOC_PATH, encoding="utf-8") as f:
+    assert f.read() == expected, (
+        "docs/errors.md differs from the catalogue; rewrite it with "
+        "TFSPMD_WRITE_ERRORS_DOC=1 .venv/bin/python -m pytest -q "
+        "tests/test_errors.py")

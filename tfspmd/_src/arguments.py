@@ -1,7 +1,5 @@
 """Checking and normalizing what a pmapped function is called with."""
 
-import numbers
-
 import numpy as np
 import tensorflow as tf
 
@@ -71,29 +69,52 @@ def to_array_leaf(leaf, path):
     value = leaf.value()
   elif isinstance(leaf, np.generic):
     value = np.asarray(leaf)
-  elif isinstance(leaf, numbers.Number):
-    for python_type, dtype in _PYTHON_DTYPES:
-      if isinstance(leaf, python_type):
-        value = np.asarray(leaf, dtype=dtype)
-        break
   else:
-    raise TypeError(
-        f"pmapped function argument {path} is a {type(leaf).__name__} "
-        f"({_short_repr(leaf)}), not an array. Pass a tf.Tensor, a NumPy array "
-        f"or a Python number, or list its position in "
-        f"static_broadcasted_argnums to pass it as a compile-time constant.")
-  try:
-    dtype = tf.as_dtype(value.dtype)
-  except TypeError:
-    dtype = None
+    # Only these Python numbers have a TensorFlow dtype (not a Fraction).
+    dtype = next((dtype for python_type, dtype in _PYTHON_DTYPES
+                  if isinstance(leaf, python_type)), None)
+    if dtype is None:
+      raise TypeError(
+          f"pmapped function argument {path} is a {type(leaf).__name__} "
+          f"({_short_repr(leaf)}), not an array. Pass a tf.Tensor, a NumPy "
+          f"array or a Python bool, int, float or complex, or list its "
+          f"position in static_broadcasted_argnums to pass it as a "
+          f"compile-time constant.")
+    value = _python_number(leaf, dtype, path)
+  if isinstance(value, np.ndarray) and value.dtype.kind not in "biufc":
+    # NumPy's object, str, bytes and datetime arrays: tf.as_dtype calls an
+    # object array a string one.
+    dtype, name = None, _NUMPY_KIND_NAMES.get(value.dtype.kind, str(value.dtype))
+  else:
+    try:
+      dtype = tf.as_dtype(value.dtype)
+    except TypeError:
+      dtype = None
+    name = dtype.name if dtype is not None else str(value.dtype)
   if dtype is None or dtype.is_quantized or not (dtype.is_numeric or
                                                   dtype.is_bool):
-    name = dtype.name if dtype is not None else str(value.dtype)
     raise TypeError(
         f"pmapped function argument {path} has dtype {name}, which "
         f"cannot be split over devices; only numeric and bool arrays can. "
-        f"Pass it through static_broadcasted_argnums instead.")
+        f"Encode it as numbers, or pass a hashable Python value (a tuple of "
+        f"str, say) through static_broadcasted_argnums.")
   return value
+
+
+_NUMPY_KIND_NAMES = {"O": "object", "U": "str", "S": "bytes",
+                     "M": "datetime64", "m": "timedelta64", "V": "void"}
+
+
+def _python_number(value, dtype, path):
+  """A Python number as a NumPy scalar of TensorFlow's default `dtype`."""
+  try:
+    return np.asarray(value, dtype=dtype)
+  except OverflowError:
+    raise OverflowError(
+        f"pmapped function argument {path} is the Python int {value}, which "
+        f"does not fit {np.dtype(dtype).name} (Python ints become int32, as "
+        f"in tf.constant). Pass np.int64({value}) or a tf.int64 tensor."
+    ) from None
 
 
 def _short_repr(value):

@@ -6,9 +6,8 @@ messages name the transformation ("pmap", "vmap") and the pytree path of
 the argument at fault.
 """
 
-import threading
-
 from tfspmd._src import arguments
+from tfspmd._src import lru
 from tfspmd._src import tree
 
 
@@ -36,8 +35,7 @@ class MappedArguments:
     self.in_axes = in_axes
     self.static_argnums = static_argnums
     self.axis_size = axis_size
-    self._leaf_axes = {}
-    self._lock = threading.Lock()
+    self._leaf_axes = lru.LRUCache(lru.TRACE_CACHE_SIZE)
 
   def static_positions(self, count):
     if not self.static_argnums:
@@ -90,8 +88,7 @@ class MappedArguments:
                                   root="args",
                                   is_spec_leaf=arguments.is_axis_spec)
     specs += [0] * (treedef.num_leaves - len(specs))
-    with self._lock:
-      self._leaf_axes[cache_key] = specs
+    self._leaf_axes.put(cache_key, specs)
     return specs
 
   @staticmethod
@@ -130,9 +127,11 @@ class MappedArguments:
           f"{self.transform} was given axis_size={self.axis_size}, but its "
           f"mapped arguments have size {size} along the mapped axis.")
     if size == 0:
+      path, shape, axis, _ = sizes[0]
       raise ValueError(
-          f"{self.transform}'s mapped axis has size 0; a {self.transform} "
-          f"needs at least one position (mapped size >= 1).")
+          f"{self.transform} maps axis {axis} of {path}, of shape "
+          f"{tuple(shape)}, which has size 0; a {self.transform} needs at "
+          f"least one position along the mapped axis (size >= 1).")
     return size
 
   @staticmethod

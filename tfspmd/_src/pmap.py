@@ -15,7 +15,6 @@ A call in debug mode runs each device's program eagerly instead (`debug.call`).
 
 import dataclasses
 import functools
-import threading
 
 import numpy as np
 import tensorflow as tf
@@ -24,8 +23,11 @@ from tensorflow.experimental import dtensor
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
+from tfspmd._src import dtensor_errors
+from tfspmd._src import lru
 from tfspmd._src import mapped_args
 from tfspmd._src import mesh as mesh_lib
+from tfspmd._src import new_axis
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import pmap_gradient
 from tfspmd._src import steps as steps_lib
@@ -119,9 +121,8 @@ class PmappedFunction:
     self._devices = _check_devices(devices, backend)
     self._backend = backend
     self._debug = debug
-    self._programs = {}
-    self._vjps = {}
-    self._lock = threading.Lock()
+    self._programs = lru.LRUCache(lru.TRACE_CACHE_SIZE)
+    self._vjps = lru.LRUCache(lru.TRACE_CACHE_SIZE)
     functools.update_wrapper(self, fun, updated=())
 
   def __repr__(self):
@@ -135,6 +136,8 @@ class PmappedFunction:
   # --- the call ----------------------------------------------------------
 
   def __call__(self, *args, **kwargs):
+    if self._donate_argnums:
+      self._check_donated_positions(len(args))
     if self._debug or debug_mode.active():
       return debug_call.call(self, args, kwargs)
     if axis_env.trace_state() is not None:
@@ -153,12 +156,15 @@ class PmappedFunction:
       if isinstance(leaf, tf.Variable):
         leaf = tf.convert_to_tensor(leaf)
       if isinstance(leaf, ShardedArray):
-        leaf._check_alive()  # pylint: disable=protected-access
+        if leaf.is_deleted():
+          raise _donated_argument_error(
+              self._args.paths(args, static_positions, kwargs)[k])
         values.append(leaf)
         signature.append((leaf.placement, tuple(leaf.shape), leaf.dtype))
         continue
       if isinstance(leaf, tf.Tensor):
-        ready = leaf.dtype.is_numeric or leaf.dtype.is_bool
+        dtype = leaf.dtype
+        ready = (dtype.is_numeric and not dtype.is_quantized) or dtype.is_bool
       else:
         ready = isinstance(leaf, np.ndarray) and leaf.dtype.kind in "biufc"
       if not ready:
@@ -228,11 +234,17 @@ class PmappedFunction:
     """Places `values`, runs `program`, wraps its outputs."""
     placed = [_place(value, placement)
               for value, placement in zip(values, program.input_placements)]
-    if placed:
-      outputs = program.function(*placed)
-    else:
-      with dtensor.run_on(program.mesh):
-        outputs = program.function()
+    try:
+      if placed:
+        outputs = program.function(*placed)
+      else:
+        with dtensor.run_on(program.mesh):
+          outputs = program.function()
+    except tf.errors.OpError as e:
+      explained = dtensor_errors.explain(e, self._axis_name)
+      if explained is None:
+        raise
+      raise explained from None
     return [ShardedArray(value, placement, shape, dtype)
             for value, placement, shape, dtype in zip(
                 outputs, program.output_placements, program.output_shapes,
@@ -249,8 +261,7 @@ class PmappedFunction:
           make_pmap, self._fun, self._args.rebuilder(dynamic, kwargs, statics),
           in_axes, program.output_axes, program.trainable_variables,
           self._axis_name)
-      with self._lock:
-        self._vjps[key] = vjp
+      self._vjps.put(key, vjp)
     return vjp
 
   # --- tracing -----------------------------------------------------------
@@ -307,7 +318,7 @@ class PmappedFunction:
               spec[inner_axis + (inner_axis >= axis)] = dim
           placement = _placement(mesh_key, tuple(spec))
           placements.append(placement)
-          outputs.append(dtensor.relayout(value, placement.layout))
+          outputs.append(_relayout(value, placement.layout))
         built.update(result=result, placements=placements, mesh_key=mesh_key)
         return outputs
 
@@ -315,6 +326,7 @@ class PmappedFunction:
     specs = [tf.TensorSpec(shape, tf.as_dtype(dtype))
              for shape, dtype in zip(shapes, dtypes)]
     concrete = function.get_concrete_function(*specs)
+    new_axis.check_program(concrete.outputs, self._axis_name)
     mesh_key = built["mesh_key"]
     input_placements = []
     for leaf, (shape, axis) in enumerate(zip(shapes, axes)):
@@ -338,8 +350,7 @@ class PmappedFunction:
         trainable_variables=tuple(concrete.trainable_variables),
         mesh=built["placements"][0].mesh if built["placements"] else
         mesh_lib.mesh_for_axes(*mesh_key))
-    with self._lock:
-      self._programs[key] = program
+    self._programs.put(key, program)
     return program
 
   def _mesh_devices(self, size):
@@ -365,6 +376,15 @@ class PmappedFunction:
     return available
 
   # --- donation ----------------------------------------------------------
+
+  def _check_donated_positions(self, count):
+    for num in self._donate_argnums:
+      if not -count <= num < count:
+        raise ValueError(
+            f"pmapped function has donate_argnums={self._donate_argnums}, but "
+            f"was called with only {count} positional argument(s), so "
+            f"argument {num} cannot be donated. Pass every donated argument "
+            f"positionally, or drop it from donate_argnums.")
 
   def _delete_donated(self, args, results):
     kept = {id(r) for r in results}
@@ -430,6 +450,24 @@ class PmappedFunction:
         splits[inner_axis + (inner_axis >= axis)] = dim
       state.output_splits[id(value)] = (value, splits)
     return result.treedef.unflatten(result.values)
+
+
+def _relayout(value, layout):
+  """`dtensor.relayout`, moving uint64 as int64, which DTensor can move.
+
+  DTensor's collectives refuse uint64 (TF 2.21); the cast keeps the bits.
+  """
+  if value.dtype != tf.uint64:
+    return dtensor.relayout(value, layout)
+  moved = dtensor.relayout(tf.cast(value, tf.int64), layout)
+  return tf.cast(moved, tf.uint64)
+
+
+def _donated_argument_error(path):
+  return RuntimeError(
+      f"pmapped function argument {path} is a ShardedArray that was donated "
+      f"to an earlier call (donate_argnums), which deleted it. Pass that "
+      f"call's result instead, or do not donate an argument you use again.")
 
 
 def _carry_treedef(dynamic, steps):
@@ -521,7 +559,13 @@ def _mesh_key(state, devices):
 def _check_devices(devices, backend):
   if devices is None:
     return None
-  devices = tuple(devices)
+  try:
+    devices = tuple(devices)
+  except TypeError:
+    raise TypeError(
+        f"pmap: `devices` must be a sequence of tfspmd.Device (from "
+        f"tfspmd.devices()), got {type(devices).__name__} {devices!r}."
+    ) from None
   if not devices:
     raise ValueError("pmap: `devices` is empty; give at least one device or "
                      "leave it None to use the first local devices.")
@@ -531,7 +575,10 @@ def _check_devices(devices, backend):
           f"pmap: `devices` must hold tfspmd.Device objects (from "
           f"tfspmd.devices()), got {type(device).__name__} {device!r}.")
   if len(set(devices)) != len(devices):
-    raise ValueError(f"pmap: `devices` lists a device twice: {list(devices)}.")
+    twice = next(d for d in devices if devices.count(d) > 1)
+    raise ValueError(
+        f"pmap: `devices` lists {twice!r} twice; give each device once: "
+        f"{list(devices)}.")
   platforms = {d.platform for d in devices}
   if len(platforms) > 1:
     raise ValueError(
@@ -602,6 +649,14 @@ def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0,
     >>> print(seen)
     [[0. 1. 2.]
      [0. 1. 2.]]
+
+  Trace cache:
+    Each pmapped function keeps the programs of its 64 most recently used
+    call signatures (`tfspmd._src.lru.TRACE_CACHE_SIZE`): shapes, dtypes,
+    tree structure, static values. A call with a signature beyond those
+    drops the least recently used program, so calls with ever-new shapes
+    trace every time but do not grow memory; pad or bucket shapes to stay
+    within the limit.
 
   Debug mode:
     With `debug=True` (or inside `tfspmd.debug_mode()`), nothing is traced:

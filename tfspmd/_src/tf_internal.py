@@ -81,6 +81,11 @@ def wrap_converted(tensor, stacked):
   return _pfor.wrap(tensor, stacked)
 
 
+def default_pfor_converter(op_type):
+  """pfor's own converter for ops of `op_type`."""
+  return _pfor._pfor_converter_registry[op_type]  # pylint: disable=protected-access
+
+
 def set_pfor_converter(operation, converter):
   """Makes pfor call `converter(pfor_input)` for `operation`."""
   operation.pfor_converter = converter

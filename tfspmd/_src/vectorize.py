@@ -13,6 +13,7 @@ import tensorflow as tf
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
 from tfspmd._src import conv_gradients
+from tfspmd._src import new_axis
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
 
@@ -65,6 +66,11 @@ def repeat_along_new_axis(value, axis, size):
   shape[axis] = size
   if value.dtype == tf.bool:
     return tf.logical_and(tf.ones(shape, tf.bool), expanded)
+  if value.dtype == tf.uint64:
+    # The multiply may be where DTensor gathers `value`, and its collectives
+    # refuse uint64 (TF 2.21): multiply the same bits as int64.
+    repeated = tf.ones(shape, tf.int64) * tf.cast(expanded, tf.int64)
+    return tf.cast(repeated, tf.uint64)
   return tf.ones(shape, value.dtype) * expanded
 
 
@@ -107,9 +113,12 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
           per_device.append(piece)
       args, kwargs = rebuild_args(per_device)
       graph = tf.compat.v1.get_default_graph()
-      first_new_op = len(graph.get_operations())
+      first_op = len(graph.get_operations())
       result = fun(*args, **kwargs)
-      conv_gradients.mark(graph.get_operations()[first_new_op:])
+      # pfor's own converters for these give what DTensor cannot expand.
+      new_ops = graph.get_operations()[first_op:]
+      conv_gradients.mark(new_ops)
+      new_axis.mark_slices(new_ops)
       leaves, treedef = tree.flatten(result)
       outputs = [output_tensor(leaf, path) for leaf, path in zip(
           leaves, tree.leaf_paths(result, "output"))]
@@ -189,6 +198,12 @@ def resolve_out_axes(out_axes, result, outputs):
   paths = tree.leaf_paths(result, "output")
   resolved = []
   for spec, value, path in zip(specs, outputs, paths):
+    if value.shape.rank is None:
+      raise ValueError(
+          f"the mapped function returned {path} of unknown rank (from an op "
+          f"TensorFlow cannot infer shapes of, such as tf.py_function); a "
+          f"mapped function's outputs need static shapes: give it one with "
+          f"tf.ensure_shape(value, shape).")
     if spec is None:
       resolved.append(None)
     else:

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
+from tfspmd._src import lru
 from tfspmd._src import mapped_args
 from tfspmd._src import tree
 from tfspmd._src import vectorize
@@ -39,7 +40,9 @@ class VmappedFunction:
     self._fun = fun
     self._axis_name = axis_name
     self._out_axes = out_axes
-    self._functions = {}
+    # One tf.function per call structure (tf.function keeps its own traces
+    # per shape), bounded as pmap's programs are.
+    self._functions = lru.LRUCache(lru.TRACE_CACHE_SIZE)
     functools.update_wrapper(self, fun, updated=())
 
   def __repr__(self):
@@ -61,7 +64,7 @@ class VmappedFunction:
       function = tf.function(
           _do_not_convert(lambda *flat: self._vectorize(
               *treedef.unflatten(list(flat)))), autograph=False)
-      self._functions[treedef] = function
+      self._functions.put(treedef, function)
     return function(*[_to_tensor(leaf) for leaf in leaves])
 
   def _vectorize(self, args, kwargs):

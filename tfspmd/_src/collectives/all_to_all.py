@@ -76,15 +76,16 @@ def _move_axis(tensor, source, destination):
 
 
 def _all_to_all_leaf(value, targets, split_axis, concat_axis, tiled,
-                     function):
+                     function, names=("split_axis", "concat_axis")):
+  """One leaf's all_to_all; `names` are the user's names of the two axes."""
   rank = value.shape.rank
-  split_axis = checks.normalize_axis(split_axis, rank, argument="split_axis",
+  split_axis = checks.normalize_axis(split_axis, rank, argument=names[0],
                                      function=function)
-  concat_axis = checks.normalize_axis(concat_axis, rank, argument="concat_axis",
+  concat_axis = checks.normalize_axis(concat_axis, rank, argument=names[1],
                                       function=function)
   size = checks.total_size(targets)
   checks.check_divisible(value.shape[split_axis], size,
-                         argument="split_axis", function=function,
+                         argument=names[0], function=function,
                          tiled=tiled)
 
   shape = value.shape.as_list()
@@ -99,7 +100,8 @@ def _all_to_all_leaf(value, targets, split_axis, concat_axis, tiled,
                                         tf_internal.tape_active()),
       function,
       lambda cotangent: _all_to_all_leaf(cotangent, targets, concat_axis,
-                                         split_axis, tiled, function),
+                                         split_axis, tiled, function,
+                                         names[::-1]),
       result_shape=shape, joint=True)
 
 
@@ -121,7 +123,7 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False):
   targets = axis_env.normalize_axis_names(axis_name, "all_to_all")
   return checks.leafwise(
       lambda v: _all_to_all_leaf(v, targets, split_axis, concat_axis, tiled,
-                                 "all_to_all"), x)
+                                 "all_to_all"), x, collective="all_to_all")
 
 
 def pswapaxes(x, axis_name, axis):
@@ -136,4 +138,6 @@ def pswapaxes(x, axis_name, axis):
   """
   targets = axis_env.normalize_axis_names(axis_name, "pswapaxes")
   return checks.leafwise(
-      lambda v: _all_to_all_leaf(v, targets, axis, axis, False, "pswapaxes"), x)
+      lambda v: _all_to_all_leaf(v, targets, axis, axis, False, "pswapaxes",
+                                 ("axis", "axis")), x,
+      collective="pswapaxes")

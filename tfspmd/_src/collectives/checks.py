@@ -5,23 +5,82 @@ import tensorflow as tf
 from tfspmd._src import tree
 
 
-def leafwise(function, x):
-  """Applies `function` to each leaf of the pytree `x`, as a tensor."""
+# What each collective takes: (description, test of a tf.DType).
+ARRAYS = ("numeric or bool values",
+          lambda d: (d.is_numeric and not d.is_quantized) or d.is_bool)
+NUMBERS = ("numbers (integer, floating or complex; not bool)",
+           lambda d: d.is_numeric and not d.is_quantized and not d.is_bool)
+ORDERED = ("real numbers (integer or floating; not bool or complex)",
+           lambda d: d.is_integer or d.is_floating)
+
+
+def leafwise(function, x, *, collective, accepts=ARRAYS, ordered=False,
+             uint64_as_int64=True):
+  """Applies `function` to each leaf of the pytree `x`, as a tensor.
+
+  A uint64 leaf goes through `function` as int64 (see `as_int64`), unless
+  `uint64_as_int64` is False; `ordered` says the collective compares values.
+
+  Raises:
+    TypeError: Naming the leaf's path in `x`, if a leaf is not an array or
+      its dtype is not one `collective` accepts.
+  """
   leaves, treedef = tree.flatten(x)
-  return treedef.unflatten([function(tf.convert_to_tensor(leaf))
-                            for leaf in leaves])
+  paths = tree.leaf_paths(x, "x")
+  kind, accepted = accepts
+  results = []
+  for leaf, path in zip(leaves, paths):
+    try:
+      tensor = tf.convert_to_tensor(leaf)
+    except (TypeError, ValueError):
+      raise TypeError(
+          f"{collective}: {path} is of type {type(leaf).__name__}, which is "
+          f"not convertible to a tensor; {collective} takes tensors, NumPy arrays "
+          f"or Python numbers, in tuples, lists, dicts or namedtuples."
+      ) from None
+    if not accepted(tensor.dtype):
+      raise TypeError(
+          f"{collective}: {path} has dtype {tensor.dtype.name}, but "
+          f"{collective} takes {kind}; cast it first (for example "
+          f"tf.cast(x, tf.int32)).")
+    if uint64_as_int64:
+      results.append(as_int64(function, tensor, ordered=ordered))
+    else:
+      results.append(function(tensor))
+  return treedef.unflatten(results)
 
 
-def normalize_axis(axis, rank, *, argument, function):
-  """Resolves a possibly negative axis of a per-device value of `rank`."""
+def as_int64(function, tensor, *, ordered=False):
+  """`function(tensor)`, with a uint64 tensor moved as int64.
+
+  DTensor's collectives refuse uint64 (TF 2.21: "operand #0 must be tensor
+  of floating-point or 32/64-bit signed integer values"). A cast to int64
+  keeps the bits, and sums wrap the same; for comparisons, flipping the top
+  bit first maps unsigned order onto signed order.
+  """
+  if tensor.dtype != tf.uint64:
+    return function(tensor)
+  top = tf.constant(1 << 63, tf.uint64)
+  if ordered:
+    tensor = tf.bitwise.bitwise_xor(tensor, top)
+  result = tf.cast(function(tf.cast(tensor, tf.int64)), tf.uint64)
+  return tf.bitwise.bitwise_xor(result, top) if ordered else result
+
+
+def normalize_axis(axis, rank, *, argument, function, of=None):
+  """Resolves a possibly negative axis of a per-device value of `rank`.
+
+  `of` says what the axis indexes, where that is not the per-device value.
+  """
   if isinstance(axis, bool) or not isinstance(axis, int):
     raise TypeError(
         f"{function}: `{argument}` must be an int, got {type(axis).__name__} "
         f"{axis!r}.")
   if not -rank <= axis < rank:
     raise ValueError(
-        f"{function}: `{argument}`={axis} is out of range for a per-device "
-        f"value of rank {rank}; it must be in [{-rank}, {rank}).")
+        f"{function}: `{argument}`={axis} is out of range for "
+        f"{of or f'a per-device value of rank {rank}'}; it must be in "
+        f"[{-rank}, {rank}).")
   return axis % rank
 
 

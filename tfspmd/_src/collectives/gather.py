@@ -50,10 +50,16 @@ def _scatter_step(dimension, tiled):
 
 def _all_gather_leaf(value, targets, axis, tiled):
   rank = value.shape.rank
-  axis = checks.normalize_axis(axis, rank + (0 if tiled else 1),
-                               argument="axis", function="all_gather")
   if tiled and rank == 0:
-    raise ValueError("all_gather: tiled=True needs a value of rank >= 1.")
+    raise ValueError(
+        "all_gather: tiled=True concatenates along an existing axis, so it "
+        "needs a per-device value of rank >= 1, but got a scalar; gather "
+        "scalars with tiled=False.")
+  axis = checks.normalize_axis(
+      axis, rank + (0 if tiled else 1), argument="axis", function="all_gather",
+      of=None if tiled else (f"the gathered result of rank {rank + 1} (a "
+                             f"per-device value of rank {rank} and the new "
+                             f"axis)"))
 
   size = checks.total_size(targets)
   shape = value.shape.as_list()
@@ -111,7 +117,7 @@ def all_gather(x, axis_name, *, axis=0, tiled=False):
   """
   targets = axis_env.normalize_axis_names(axis_name, "all_gather")
   return checks.leafwise(lambda v: _all_gather_leaf(v, targets, axis, tiled),
-                         x)
+                         x, collective="all_gather")
 
 
 def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False):
@@ -134,4 +140,5 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False):
   """
   targets = axis_env.normalize_axis_names(axis_name, "psum_scatter")
   return checks.leafwise(
-      lambda v: _psum_scatter_leaf(v, targets, scatter_dimension, tiled), x)
+      lambda v: _psum_scatter_leaf(v, targets, scatter_dimension, tiled), x,
+      collective="psum_scatter", accepts=checks.NUMBERS)

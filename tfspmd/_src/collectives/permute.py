@@ -84,7 +84,8 @@ def ppermute(x, axis_name, perm):
   """
   targets = axis_env.normalize_axis_names(axis_name, "ppermute")
   pairs = _check_perm(perm, checks.total_size(targets), "ppermute")
-  return checks.leafwise(lambda v: _ppermute_leaf(v, targets, pairs), x)
+  return checks.leafwise(lambda v: _ppermute_leaf(v, targets, pairs), x,
+                         collective="ppermute")
 
 
 def pshuffle(x, axis_name, perm):
@@ -98,11 +99,16 @@ def pshuffle(x, axis_name, perm):
   """
   targets = axis_env.normalize_axis_names(axis_name, "pshuffle")
   size = checks.total_size(targets)
-  sources = list(perm)
-  if sorted(sources) != list(range(size)):
+  try:
+    sources = list(perm)
+    is_permutation = sorted(sources) == list(range(size))
+  except TypeError:  # not iterable, or entries that do not compare
+    is_permutation = False
+  if not is_permutation:
     raise ValueError(
         f"pshuffle: `perm` must be a permutation of range({size}), got "
         f"{perm!r}.")
   pairs = _check_perm([(s, d) for d, s in enumerate(sources)], size,
                       "pshuffle")
-  return checks.leafwise(lambda v: _ppermute_leaf(v, targets, pairs), x)
+  return checks.leafwise(lambda v: _ppermute_leaf(v, targets, pairs), x,
+                         collective="pshuffle")

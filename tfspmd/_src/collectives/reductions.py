@@ -50,7 +50,8 @@ def psum(x, axis_name):
     [0.         0.16666667 0.33333334 0.5       ]
   """
   targets = axis_env.normalize_axis_names(axis_name, "psum")
-  return checks.leafwise(lambda leaf: _psum_leaf(leaf, targets), x)
+  return checks.leafwise(lambda leaf: _psum_leaf(leaf, targets), x,
+                         collective="psum", accepts=checks.NUMBERS)
 
 
 def pmean(x, axis_name):
@@ -67,12 +68,13 @@ def pmean(x, axis_name):
     count *= frame.size
 
   def mean(leaf):
-    total = _psum_leaf(leaf, targets)
+    total = checks.as_int64(lambda v: _psum_leaf(v, targets), leaf)
     if total.dtype.is_integer:
       return tf.cast(total, tf.float32) / count
     return total / tf.cast(count, total.dtype)
 
-  return checks.leafwise(mean, x)
+  return checks.leafwise(mean, x, collective="pmean",
+                         accepts=checks.NUMBERS, uint64_as_int64=False)
 
 
 def _extremum_step(reduce):
@@ -101,7 +103,8 @@ def _extremum(x, axis_name, function, reduce):
 
     return extremum_with_transpose(leaf)
 
-  return checks.leafwise(leaf_extremum, x)
+  return checks.leafwise(leaf_extremum, x, collective=function,
+                         accepts=checks.ORDERED, ordered=True)
 
 
 def pmax(x, axis_name):

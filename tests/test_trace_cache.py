@@ -1,0 +1,84 @@
+"""The trace cache: bounded, least recently used evicted first, thread-safe."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import tfspmd
+from tfspmd._src import lru
+
+
+@pytest.fixture
+def cache_size_3(monkeypatch):
+  monkeypatch.setattr(lru, "TRACE_CACHE_SIZE", 3)
+
+
+def _counting_pmap():
+  traces = []
+
+  def f(x):
+    traces.append(tuple(x.shape))
+    return x * 2.
+
+  return tfspmd.pmap(f), traces
+
+
+def test_ever_new_shapes_keep_the_cache_bounded(cache_size_3):
+  f, traces = _counting_pmap()
+  for width in range(1, 11):
+    x = np.arange(8 * width, dtype=np.float32).reshape(8, width)
+    np.testing.assert_array_equal(f(x), x * 2.)
+    assert len(f._programs) == min(width, 3)  # pylint: disable=protected-access
+  assert len(traces) == 10
+
+
+def test_the_least_recently_used_program_is_evicted(cache_size_3):
+  f, traces = _counting_pmap()
+  shapes = {w: np.ones((8, w), np.float32) for w in (1, 2, 3, 4)}
+  for w in (1, 2, 3):
+    f(shapes[w])
+  f(shapes[1])  # a hit: width 2 is now the least recently used
+  assert len(traces) == 3
+  f(shapes[4])  # evicts width 2
+  f(shapes[1])
+  f(shapes[3])
+  assert len(traces) == 4
+  f(shapes[2])  # traced again
+  assert traces == [(1,), (2,), (3,), (4,), (2,)]
+
+
+def test_vmap_and_leaf_axes_caches_are_bounded(cache_size_3):
+  g = tfspmd.vmap(lambda x: x)
+  f = tfspmd.pmap(lambda x: x)
+  for count in range(1, 8):  # a list of `count` leaves: a new structure
+    g([np.zeros(2)] * count)
+    f([np.zeros(8, np.float32)] * count)
+  assert len(g._functions) == 3  # pylint: disable=protected-access
+  assert len(f._args._leaf_axes) == 3  # pylint: disable=protected-access
+
+
+def test_lru_cache_keeps_maxsize_under_concurrent_use():
+  cache = lru.LRUCache(16)
+  errors = []
+
+  def work(offset):
+    try:
+      for k in range(2000):
+        cache.put((offset, k % 40), k)
+        cache.get((offset, (k * 7) % 40))
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(e)
+
+  threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert not errors
+  assert len(cache) == 16
+
+
+def test_lru_cache_rejects_a_bad_size():
+  with pytest.raises(ValueError, match="`maxsize` must be a positive int"):
+    lru.LRUCache(0)

@@ -1,0 +1,72 @@
+"""DTensor's refusals of an op in a pmap's program, as errors that say what to do.
+
+DTensor turns the traced program into each device's program on its first
+run, and reports an op it cannot place as an MLIR diagnostic inside a
+`tf.errors.UnknownError` ("loc: error: 'tf.MatrixInverse' op does not
+implement layout propagation ..."). `explain` names the op in the user's
+terms and says what to change.
+"""
+
+import re
+
+import tensorflow as tf
+
+_DIAGNOSTIC = re.compile(r"error: 'tf\.(\w+)' op ([^\n\[]*)")
+
+_NO_LAYOUT = "does not implement layout propagation"
+
+# Ops users meet through another API, and what to write instead.
+_HINTS = {
+    "DynamicPartition": (
+        "pfor makes it from a tf.cond or tf.while_loop whose condition "
+        "differs between devices; compute both branches and pick with "
+        "tf.where instead"),
+    "DynamicStitch": (
+        "pfor makes it from a tf.cond or tf.while_loop whose condition "
+        "differs between devices; compute both branches and pick with "
+        "tf.where instead"),
+    "PrintV2": (
+        "to print per-device values, run the pmap with debug=True, where "
+        "print and tf.print see each device's eager values"),
+    "TensorListStack": (
+        "a tf.TensorArray makes it; collect the values in a Python list and "
+        "tf.stack them"),
+}
+
+
+def explain(error, axis_name):
+  """A ValueError for `error` naming the op DTensor refused, or None.
+
+  Args:
+    error: A `tf.errors.OpError` raised by the first run of a program.
+    axis_name: The pmap's axis name, for the message.
+  """
+  match = _DIAGNOSTIC.search(error.message)
+  if match is None:
+    return None
+  op = match.group(1)
+  # "ComputeLayoutForward error: <what>. Please file a feature request ..."
+  reason = match.group(2).split(" Please ")[0].strip().rstrip(".")
+  reason = reason.split("error: ")[-1]
+  what = (f"the function mapped over axis {axis_name!r} uses the op {op}, "
+          f"which DTensor (TF {tf.__version__}) cannot place on the mesh: "
+          f"{reason}.")
+  if "Stateful random operations" in reason:
+    return ValueError(
+        f"{what} Use the stateless random ops (tf.random.stateless_uniform, "
+        f"...) with a seed passed as an argument; for a different stream on "
+        f"each device, fold in lax.axis_index (tf.random.experimental."
+        f"stateless_fold_in).")
+  if "ui64" in reason:
+    return ValueError(
+        f"{what} DTensor's collectives move no uint64 between devices: cast "
+        f"the value to int64 around the op that moves it (tf.cast keeps the "
+        f"bits, and sums wrap the same).")
+  todo = _HINTS.get(op, "compute it outside the mapped function, or with "
+                        "other ops")
+  if _NO_LAYOUT in reason:
+    todo += (f"; or set the environment variable "
+             f"DTENSOR_ENABLE_REPLICATED_SPMD_AS_DEFAULT_TF.{op.upper()}=1 "
+             f"before the first call, and every device computes the op for "
+             f"all devices (right, but not split)")
+  return ValueError(f"{what} To fix: {todo}.")
