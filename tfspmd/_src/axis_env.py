@@ -180,5 +180,18 @@ class _PrivateAxis:
     return f"<unnamed axis of {self._label}>"
 
 
+def checked_axis_name(axis_name, fun, transform):
+  """`axis_name` if hashable; for None, a private name only `fun`'s map binds."""
+  if axis_name is None:
+    return private_axis_name(getattr(fun, "__name__", type(fun).__name__))
+  try:
+    hash(axis_name)
+  except TypeError:
+    raise TypeError(
+        f"{transform}: `axis_name` must be hashable, got {axis_name!r}."
+    ) from None
+  return axis_name
+
+
 def private_axis_name(label):
   return _PrivateAxis(label)

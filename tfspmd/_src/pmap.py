@@ -105,17 +105,8 @@ class PmappedFunction:
           f"static argument has no buffer to donate.")
     self._args = mapped_args.MappedArguments("pmap", in_axes, static_argnums,
                                              axis_size)
-    if axis_name is None:
-      axis_name = axis_env.private_axis_name(
-          getattr(fun, "__name__", type(fun).__name__))
-    else:
-      try:
-        hash(axis_name)
-      except TypeError:
-        raise TypeError(
-            f"pmap: `axis_name` must be hashable, got {axis_name!r}.") from None
     self._fun = fun
-    self._axis_name = axis_name
+    self._axis_name = axis_env.checked_axis_name(axis_name, fun, "pmap")
     self._out_axes = out_axes
     self._steps = steps_lib.check_steps(steps)
     self._devices = _check_devices(devices, backend)

@@ -28,17 +28,8 @@ class VmappedFunction:
       raise TypeError(f"vmap: `fun` must be callable, got {fun!r}.")
     arguments.check_axis_spec_tree(out_axes, "out_axes")
     self._args = mapped_args.MappedArguments("vmap", in_axes, (), axis_size)
-    if axis_name is None:
-      axis_name = axis_env.private_axis_name(
-          getattr(fun, "__name__", type(fun).__name__))
-    else:
-      try:
-        hash(axis_name)
-      except TypeError:
-        raise TypeError(
-            f"vmap: `axis_name` must be hashable, got {axis_name!r}.") from None
     self._fun = fun
-    self._axis_name = axis_name
+    self._axis_name = axis_env.checked_axis_name(axis_name, fun, "vmap")
     self._out_axes = out_axes
     # One tf.function per call structure (tf.function keeps its own traces
     # per shape), bounded as pmap's programs are.
