@@ -672,7 +672,8 @@ def _():
       r"args\[0\] has shape \(None,\)")
 def _():
   f = P(lambda v: v)
-  tf.function(lambda v: f(v),
+  # No AutoGraph: it would prefix the message with a traceback of this file.
+  tf.function(lambda v: f(v), autograph=False,
               input_signature=[tf.TensorSpec([None], tf.float32)]
               ).get_concrete_function()
 
