@@ -224,17 +224,19 @@ def peer_failures():
   """
   try:
     yield
-  except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as e:
+  except tf.errors.OpError as e:
     raise_peer_failure(e)
     raise
 
 
 def raise_peer_failure(error):
-  """Raises `PeerFailedError` for a collective `error` of a multi-process run.
+  """Raises `PeerFailedError` if the TensorFlow `error` is a lost peer's.
 
-  Returns (so the caller re-raises `error`) when this is one process.
+  That is an `UnavailableError` or `DeadlineExceededError` of a
+  multi-process run. Returns otherwise, for the caller to handle `error`.
   """
-  if _cluster is None or _cluster.num_processes == 1:
+  if (_cluster is None or _cluster.num_processes == 1 or not isinstance(
+      error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError))):
     return
   message = str(error)
   failed = _tasks_named(message, _cluster)
