@@ -129,6 +129,21 @@ def never_joined():
   return {"error": None}
 
 
+def gpu_pair():
+  """Two processes on one host, one GPU each (`local_device_ids`)."""
+  me = int(os.environ["DTENSOR_CLIENT_ID"])
+  tfspmd.distributed.initialize(
+      local_device_ids=[me], backend="gpu",
+      initialization_timeout=float(os.environ["WORKER_INIT_TIMEOUT"]),
+      heartbeat_timeout=float(os.environ["WORKER_HEARTBEAT_TIMEOUT"]))
+  out = tfspmd.pmap(lambda x: x + lax.psum(x, "i"), axis_name="i")(
+      np.array([float(me)], np.float32))
+  return {"out": np.asarray(out).tolist(),
+          "platforms": sorted({d.platform for d in tfspmd.devices()}),
+          "device_count": tfspmd.device_count(),
+          "shard_device": out.addressable_shards[0].data.device}
+
+
 def without_initialize():
   """DTENSOR_JOBS names two processes, but initialize is not called."""
   try:
@@ -140,6 +155,6 @@ def without_initialize():
 
 if __name__ == "__main__":
   result = {"seed": seed, "nested": nested, "dead_peer": dead_peer,
-            "never_joined": never_joined,
+            "never_joined": never_joined, "gpu_pair": gpu_pair,
             "without_initialize": without_initialize}[sys.argv[1]]()
   print(json.dumps(result), flush=True)

@@ -189,6 +189,24 @@ def test_nested_axes_index_the_outer_axis_across_processes(nested):
     assert report["linear_index"] == [[2 * process, 2 * process + 1]]
 
 
+# --- GPUs ------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_two_processes_with_one_gpu_each():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  gpus = len(tf.config.list_physical_devices("GPU"))
+  if gpus < 2:
+    pytest.skip(f"needs 2 GPUs (one per process); this machine has {gpus}")
+  addresses = _free_addresses(2)
+  reports = _run([("gpu_pair", 0, addresses), ("gpu_pair", 1, addresses)],
+                 devices=1)
+  assert [r["out"] for r in reports] == [[1.0], [2.0]]
+  for process, report in enumerate(reports):
+    assert report["platforms"] == ["gpu"] and report["device_count"] == 2
+    assert report["shard_device"].endswith(f"task:{process}/device:GPU:0")
+
+
 # --- faults -----------------------------------------------------------------
 
 
