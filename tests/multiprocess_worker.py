@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from examples import multiprocess_psum
 import tfspmd
 from tfspmd import lax
 
@@ -31,9 +32,7 @@ def seed():
   """The jax.pmap reference's two-process example, and devices= across processes."""
   _initialize()
   me = tfspmd.process_index()
-  f = lambda x: x + lax.psum(x, axis_name="i")
-  data = tf.range(4) if me == 0 else tf.range(4, 8)
-  out = tfspmd.pmap(f, axis_name="i")(data)
+  out = multiprocess_psum.x_plus_psum()
   report = {
       "process_index": me,
       "process_count": tfspmd.process_count(),

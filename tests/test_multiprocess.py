@@ -22,7 +22,7 @@ import tfspmd
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "multiprocess_worker.py")
-# The directory holding the tfspmd package, for the children's imports.
+# The directory holding the tfspmd and examples packages, for the children.
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(
     tfspmd.__file__)))
 # Two cores run every child's TensorFlow import at once: be generous with
