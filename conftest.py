@@ -2,7 +2,8 @@
 
 TensorFlow can split the CPU into logical devices only before it creates
 its devices, so this runs before any test module imports TensorFlow. Tests
-marked `gpu` are skipped, with the reason, where there is no GPU.
+marked `gpu` or `tpu` are skipped, with the reason, where there is no such
+device.
 """
 
 import os
@@ -14,17 +15,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_collection_modifyitems(config, items):
-  """Skips tests marked `gpu` on a machine without a GPU, saying so."""
+  """Skips tests marked `gpu` or `tpu` where there is no such device, saying so."""
   del config  # unused
-  gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
-  if not gpu_tests:
-    return
-  import pytest  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if tf.config.list_physical_devices("GPU"):
-    return
-  skip = pytest.mark.skip(
-      reason="needs a GPU: tf.config.list_physical_devices('GPU') is empty "
-             "on this machine")
-  for item in gpu_tests:
-    item.add_marker(skip)
+  for platform in ("gpu", "tpu"):
+    marked = [item for item in items if item.get_closest_marker(platform)]
+    if not marked:
+      continue
+    import pytest  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    kind = platform.upper()
+    if tf.config.list_physical_devices(kind):
+      continue
+    skip = pytest.mark.skip(
+        reason=f"needs a {kind}: tf.config.list_physical_devices('{kind}') "
+               f"is empty on this machine")
+    for item in marked:
+      item.add_marker(skip)
