@@ -710,6 +710,17 @@ def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0,
     trace every time but do not grow memory; pad or bucket shapes to stay
     within the limit.
 
+  Several processes:
+    After `tfspmd.distributed.initialize()` in every process, every process
+    calls the same pmaps in the same order, each with a mapped size equal to
+    its number of devices used (the first ones of each process). Each passes
+    its own part and gets back its own part (a `ShardedArray` of its local
+    blocks), while `axis_size`, `axis_index` and the collectives span the
+    devices of all processes: the mapped axis is the processes' parts one
+    after another. A nested pmap's axes lie within each process. With
+    `devices=`, give every process the same list; each maps over the ones it
+    owns.
+
   Debug mode:
     With `debug=True` (or inside `tfspmd.debug_mode()`), nothing is traced:
     each device's program runs eagerly in its own Python thread, and the
