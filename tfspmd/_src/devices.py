@@ -167,13 +167,21 @@ def process_count():
 def _local_devices(platform):
   _check_runtime(platform)
   process = process_index()
-  # With several processes TensorFlow lists every process's devices.
-  count = sum(1 for device in tf.config.list_logical_devices(platform.upper())
-              if tf.DeviceSpec.from_string(device.name).task in (None, process))
+  count = len(_own_logical_devices(platform))
   return tuple(
       Device(id=process * count + k, platform=platform, process_index=process,
              local_id=k, name=_full_name(process, platform, k))
       for k in range(count))
+
+
+def _own_logical_devices(platform):
+  """This process's logical devices of `platform`.
+
+  With several processes TensorFlow lists every process's devices.
+  """
+  process = process_index()
+  return [device for device in tf.config.list_logical_devices(platform.upper())
+          if tf.DeviceSpec.from_string(device.name).task in (None, process)]
 
 
 def _check_runtime(platform):
@@ -196,7 +204,7 @@ def _check_runtime(platform):
             "before any TensorFlow op.")
       dtensor.initialize_accelerator_system("TPU")
   if platform == "gpu":
-    logical = len(tf.config.list_logical_devices("GPU"))
+    logical = len(_own_logical_devices("gpu"))
     physical = len(tf.config.get_visible_devices("GPU"))
     if logical != physical:
       raise RuntimeError(

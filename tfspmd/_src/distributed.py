@@ -10,12 +10,13 @@ server and joins the others through TensorFlow's coordination service.
 Faults, as TensorFlow's runtime reports them (TF 2.21, checked on localhost):
   * a process that never starts: every other process's `initialize` raises
     `TimeoutError` after `initialization_timeout`, naming it;
-  * a process that exits: a collective waiting on it fails at once (its
-    connections are refused);
-  * a process that stops answering (a host lost or frozen): the coordination
-    service misses its heartbeats for `heartbeat_timeout` and aborts every
-    collective waiting on it;
-the last two raise `PeerFailedError` from the pmapped call. A process that
+  * a process that exits after collectives with it ran: a collective
+    waiting on it fails at once (its connections are refused);
+  * a process that exits before that, or stops answering (a host lost or
+    frozen): the coordination service misses its heartbeats for
+    `heartbeat_timeout` and aborts every collective waiting on it;
+the last two raise `PeerFailedError` from the pmapped call or where its
+results are read. A process that
 is alive but never reaches the collective (a program that calls its pmaps
 in another order) is not detected: it waits, as in JAX.
 """
