@@ -118,12 +118,6 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
           f"tfspmd.distributed.initialize() was already called in this "
           f"process (process {_cluster.process_id} of "
           f"{_cluster.num_processes}); call it once.")
-    if tf_internal.devices_initialized():
-      raise RuntimeError(
-          "tfspmd.distributed.initialize() came too late: TensorFlow has "
-          "already started its devices (a TensorFlow op ran, or "
-          "tfspmd.devices() or a pmap was called). Call it first thing "
-          "after importing tfspmd.")
     for name, value in (("initialization_timeout", initialization_timeout),
                         ("heartbeat_timeout", heartbeat_timeout)):
       if isinstance(value, bool) or not isinstance(value, (int, float)) or (
@@ -135,8 +129,16 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
     cluster = cluster_lib.resolve(
         coordinator_address, num_processes, process_id, process_addresses,
         on_tpu=platform == "tpu")
-    if local_device_ids is not None:
-      _use_local_gpus(platform, local_device_ids)
+    gpus = (None if local_device_ids is None else
+            _local_gpus(platform, local_device_ids))
+    if tf_internal.devices_initialized():
+      raise RuntimeError(
+          "tfspmd.distributed.initialize() came too late: TensorFlow has "
+          "already started its devices (a TensorFlow op ran, or "
+          "tfspmd.devices() or a pmap was called). Call it first thing "
+          "after importing tfspmd.")
+    if gpus is not None:
+      tf.config.set_visible_devices(gpus, "GPU")
     if platform == "gpu":
       # DTensor's NCCL collectives, one logical device per physical GPU.
       os.environ.setdefault(NCCL_ENV, "1")
@@ -173,7 +175,8 @@ def is_initialized():
   return _cluster is not None
 
 
-def _use_local_gpus(platform, local_device_ids):
+def _local_gpus(platform, local_device_ids):
+  """The physical GPUs `local_device_ids` picks, checked."""
   if platform != "gpu":
     raise ValueError(
         f"tfspmd.distributed.initialize: `local_device_ids` picks physical "
@@ -187,7 +190,7 @@ def _use_local_gpus(platform, local_device_ids):
     raise ValueError(
         f"tfspmd.distributed.initialize: `local_device_ids` must be distinct "
         f"indices of this host's {len(gpus)} GPU(s), got {ids!r}.")
-  tf.config.set_visible_devices([gpus[i] for i in ids], "GPU")
+  return [gpus[i] for i in ids]
 
 
 def _tasks_named(message, cluster):
