@@ -16,9 +16,9 @@ Faults, as TensorFlow's runtime reports them (TF 2.21, checked on localhost):
     frozen): the coordination service misses its heartbeats for
     `heartbeat_timeout` and aborts every collective waiting on it;
 the last two raise `PeerFailedError` from the pmapped call or where its
-results are read. A process that
-is alive but never reaches the collective (a program that calls its pmaps
-in another order) is not detected: it waits, as in JAX.
+results are read. A process that is alive but never reaches the collective
+(a program that calls its pmaps in another order) is not detected: it
+waits, as in JAX.
 """
 
 import contextlib
