@@ -11,7 +11,7 @@ import tfspmd
 
 
 def _modules():
-  names = ["tfspmd", "tfspmd.lax", "adapters"]
+  names = ["tfspmd", "tfspmd.distributed", "tfspmd.lax", "adapters"]
   for info in pkgutil.walk_packages(tfspmd.__path__, "tfspmd."):
     names.append(info.name)
   for info in pkgutil.walk_packages(adapters.__path__, "adapters."):
@@ -28,7 +28,7 @@ def test_docstring_examples(name):
 
 def test_public_functions_have_examples():
   missing = []
-  for module in (tfspmd, tfspmd.lax):
+  for module in (tfspmd, tfspmd.distributed, tfspmd.lax):
     for name in module.__all__:
       value = getattr(module, name)
       if callable(value) and ">>>" not in (value.__doc__ or ""):

@@ -54,6 +54,7 @@ SIZES, AXES, STATIC, LEAVES, OUTPUTS, DEVICES, NAMES, COLLECTIVES, OPS, STATE = 
     "Argument leaves", "Outputs", "Devices and backends",
     "Axis names", "Collective arguments", "Ops inside the mapped function",
     "State, steps and configuration")
+PROCESSES = "Several processes"
 
 # --- mapped sizes ------------------------------------------------------------
 
@@ -739,12 +740,75 @@ def _():
 def _():
   P(lambda x: x)(np.zeros(2))[5]  # pylint: disable=expression-not-assigned
 
-# Mistakes whose errors live in another catalogue, listed in the doc so that
-# it is the one place to look.
+# --- several processes: what one process can show (the rest below) ------------
+
+INIT = tfspmd.distributed.initialize
+TWO_ADDRESSES = ["localhost:9000", "localhost:9001"]
+
+
+@case("initialize-after-devices", PROCESSES,
+      "tfspmd.distributed.initialize() after TensorFlow started its devices",
+      RuntimeError, r"initialize\(\) came too late: TensorFlow has already "
+      r"started its devices")
+def _():
+  P(lambda x: x)(np.zeros(2))
+  INIT(process_addresses=TWO_ADDRESSES, process_id=0)
+
+
+@case("initialize-no-addresses", PROCESSES,
+      "initialize(num_processes=2) without the processes' addresses",
+      ValueError, r"num_processes=2, process_id=None, but no process "
+      r"addresses were given. .* pass process_addresses=")
+def _():
+  INIT(num_processes=2)
+
+
+@case("initialize-no-process-id", PROCESSES,
+      "initialize(process_addresses=[...]) without process_id", ValueError,
+      r"process_addresses lists 2 processes but nothing says which one this "
+      r"is: pass process_id=")
+def _():
+  INIT(process_addresses=TWO_ADDRESSES)
+
+
+@case("initialize-process-id-range", PROCESSES,
+      "initialize(process_addresses=[two], process_id=2)", ValueError,
+      r"process_id=2 is out of range for the 2 processes")
+def _():
+  INIT(process_addresses=TWO_ADDRESSES, process_id=2)
+
+
+@case("initialize-timeout", PROCESSES, "initialize(initialization_timeout=0)",
+      ValueError, r"`initialization_timeout` must be a positive number of "
+      r"seconds, got 0")
+def _():
+  INIT(initialization_timeout=0)
+
+
+@case("initialize-local-device-ids-cpu", PROCESSES,
+      "initialize(local_device_ids=[0]) on CPU", ValueError,
+      r"`local_device_ids` picks physical GPUs, but the platform is 'cpu'")
+def _():
+  INIT(local_device_ids=[0], backend="cpu")
+
+# Mistakes whose errors need several real processes, listed in the doc so
+# that it is the one place to look; tests/test_multiprocess.py raises each.
 PLACEHOLDERS = [
-    ("Multi-process", "a peer process dies during a multi-process run",
-     "see the multi-process work (issue 10, dead peers); its errors are "
-     "catalogued with the multi-process tests"),
+    (PROCESSES, "a process of the cluster never starts",
+     "the others' initialize() raises TimeoutError naming it and its address "
+     "after initialization_timeout (docs/multiprocess.md, Faults and "
+     "timeouts)"),
+    (PROCESSES, "a peer process exits or stops answering during a run",
+     "the call, or the read of its results, raises "
+     "tfspmd.distributed.PeerFailedError naming it (docs/multiprocess.md)"),
+    (PROCESSES, "initialize() twice", "RuntimeError: tfspmd.distributed."
+     "initialize() was already called in this process (process 1 of 2); call "
+     "it once."),
+    (PROCESSES, "DTENSOR_JOBS names several processes but initialize() was "
+     "not called", "RuntimeError at the first device query: DTENSOR_JOBS "
+     "names 2 processes, but the multi-process runtime was not started: call "
+     "tfspmd.distributed.initialize() first thing in every process, before "
+     "any TensorFlow op."),
 ]
 
 # --- the tests ----------------------------------------------------------------------

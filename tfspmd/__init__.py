@@ -14,6 +14,7 @@ from tfspmd._src import devices as _devices
 _devices.configure_from_environment()
 
 # pylint: disable=g-import-not-at-top,useless-import-alias
+from tfspmd import distributed as distributed
 from tfspmd import lax as lax
 from tfspmd._src.debug.mode import debug_mode as debug_mode
 from tfspmd._src.devices import Device as Device
@@ -38,6 +39,7 @@ __all__ = [
     "debug_mode",
     "device_count",
     "devices",
+    "distributed",
     "lax",
     "local_device_count",
     "local_devices",

@@ -130,9 +130,15 @@ def resolve_backend(backend):
 
 @functools.lru_cache(maxsize=None)
 def _platforms_present():
-  return frozenset(
-      platform for platform in PLATFORMS
-      if tf.config.list_logical_devices(platform.upper()))
+  # Physical devices: listing them does not start TensorFlow's devices, which
+  # `tfspmd.distributed.initialize` must precede.
+  present = {"cpu"}
+  if tf.config.list_physical_devices("GPU"):
+    present.add("gpu")
+  if (tf.config.list_physical_devices("TPU") or
+      tf.config.list_physical_devices("TPU_SYSTEM")):
+    present.add("tpu")
+  return frozenset(present)
 
 
 def process_index():
@@ -159,13 +165,53 @@ def process_count():
 
 @functools.lru_cache(maxsize=None)
 def _local_devices(platform):
-  logical = tf.config.list_logical_devices(platform.upper())
+  _check_runtime(platform)
   process = process_index()
-  count = len(logical)
+  count = len(_own_logical_devices(platform))
   return tuple(
       Device(id=process * count + k, platform=platform, process_index=process,
              local_id=k, name=_full_name(process, platform, k))
       for k in range(count))
+
+
+def _own_logical_devices(platform):
+  """This process's logical devices of `platform`.
+
+  With several processes TensorFlow lists every process's devices.
+  """
+  process = process_index()
+  return [device for device in tf.config.list_logical_devices(platform.upper())
+          if tf.DeviceSpec.from_string(device.name).task in (None, process)]
+
+
+def _check_runtime(platform):
+  """Raises unless TensorFlow's runtime can give `platform`'s devices to a mesh.
+
+  Brings up the TPU system of a single TPU host the first time it is needed.
+  """
+  if not tf_internal.accelerator_system_initialized():
+    if dtensor.num_clients() > 1:
+      raise RuntimeError(
+          f"DTENSOR_JOBS names {dtensor.num_clients()} processes, but the "
+          f"multi-process runtime was not started: call "
+          f"tfspmd.distributed.initialize() first thing in every process, "
+          f"before any TensorFlow op.")
+    if platform == "tpu":
+      if tf_internal.devices_initialized():
+        raise RuntimeError(
+            "TPUs need their system initialized before TensorFlow starts its "
+            "devices: call tfspmd.distributed.initialize() first thing, "
+            "before any TensorFlow op.")
+      dtensor.initialize_accelerator_system("TPU")
+  if platform == "gpu":
+    logical = len(_own_logical_devices("gpu"))
+    physical = len(tf.config.get_visible_devices("GPU"))
+    if logical != physical:
+      raise RuntimeError(
+          f"tfspmd maps over one logical device per physical GPU (DTensor's "
+          f"NCCL collectives need it), but this process has {logical} "
+          f"logical GPU device(s) on {physical} GPU(s); remove the "
+          f"tf.config.set_logical_device_configuration of the GPUs.")
 
 
 def _full_name(process, platform, local_id):

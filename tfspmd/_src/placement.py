@@ -68,6 +68,42 @@ class Placement:
     size_of = dict(zip(dim_names, sizes))
     return tuple(1 if dim is None else size_of[dim] for dim in self.spec)
 
+  @functools.cached_property
+  def _local_ranks(self):
+    """Per mesh dim: {coordinate: its rank among this process's coordinates}."""
+    dim_names, sizes, _ = self.mesh_key
+    coordinates = [np.unravel_index(position, sizes)
+                   for position in self.mesh.local_device_ids()]
+    ranks = {}
+    for k, name in enumerate(dim_names):
+      held = sorted({int(c[k]) for c in coordinates})
+      ranks[name] = {c: rank for rank, c in enumerate(held)}
+    return ranks
+
+  @functools.cached_property
+  def local_view(self):
+    """`local_blocks` with block numbers within this process's part.
+
+    With several processes, each holds a part of the array (the blocks of
+    its devices) and sees it as an array of its own, as in JAX's pmap; in
+    one process the part is the whole array.
+    """
+    ranks = self._local_ranks
+    return tuple(
+        (device, tuple(None if dim is None else ranks[dim][block]
+                       for dim, block in zip(self.spec, index)))
+        for device, index in self.local_blocks)
+
+  def local_counts(self):
+    """The number of blocks of this process's part along each tensor axis."""
+    return tuple(1 if dim is None else len(self._local_ranks[dim])
+                 for dim in self.spec)
+
+  def local_shape(self, global_shape):
+    """The shape of this process's part of an array of `global_shape`."""
+    return tuple(extent // count * local for extent, count, local in zip(
+        global_shape, self.counts(), self.local_counts()))
+
 
 def block_slices(index, shape, counts):
   """NumPy index of the block `index` of an array of `shape` split `counts` ways."""
@@ -82,7 +118,15 @@ def block_slices(index, shape, counts):
 
 
 def pack_host_array(array, placement):
-  """Places the NumPy `array` on the mesh, each device getting its block."""
+  """Places the NumPy `array`, this process's part, each device getting its block."""
+  counts = placement.local_counts()
+  components = [array[block_slices(index, array.shape, counts)]
+                for _, index in placement.local_view]
+  return dtensor.pack(components, placement.layout)
+
+
+def pack_global_array(array, placement):
+  """Places this process's blocks of the whole NumPy `array`."""
   counts = placement.counts()
   components = [array[block_slices(index, array.shape, counts)]
                 for _, index in placement.local_blocks]
@@ -98,20 +142,20 @@ def repack(value, placement):
   return dtensor.pack(dtensor.unpack(value), placement.layout)
 
 
-def assemble(value, placement, global_shape, dtype):
-  """Gathers a DTensor's local blocks into one NumPy array of `global_shape`.
+def assemble(value, placement, local_shape, dtype):
+  """Gathers a DTensor's local blocks into one NumPy array of `local_shape`.
 
-  In a multi-process run only this process's blocks are filled in.
+  That is the whole array in one process, this process's part in several.
   """
   components = dtensor.unpack(value)
   if not any(dim is not None for dim in placement.spec):
     return np.asarray(components[0].numpy())
-  out = np.empty(global_shape, dtype=dtype)
-  counts = placement.counts()
+  out = np.empty(local_shape, dtype=dtype)
+  counts = placement.local_counts()
   seen = set()
-  for (_, index), component in zip(placement.local_blocks, components):
+  for (_, index), component in zip(placement.local_view, components):
     if index in seen:
       continue
     seen.add(index)
-    out[block_slices(index, global_shape, counts)] = component.numpy()
+    out[block_slices(index, local_shape, counts)] = component.numpy()
   return out

@@ -23,6 +23,7 @@ from tensorflow.experimental import dtensor
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
+from tfspmd._src import distributed
 from tfspmd._src import dtensor_errors
 from tfspmd._src import lru
 from tfspmd._src import mapped_args
@@ -212,7 +213,9 @@ class PmappedFunction:
             f"shape {value.shape}; give the tf.function an input_signature "
             f"with full shapes, or call it with tensors of fixed shape.")
       values.append(value)
-    signature = tuple((None, tuple(v.shape), v.dtype) for v in values)
+    share = self._process_share()
+    signature = tuple((None, _local_shape(v, axis, path, share), v.dtype)
+                      for v, axis, path in zip(values, in_axes, paths))
     key = (treedef, statics, signature)
     program = self._programs.get(key)
     if program is None:
@@ -232,6 +235,7 @@ class PmappedFunction:
         with dtensor.run_on(program.mesh):
           outputs = program.function()
     except tf.errors.OpError as e:
+      distributed.raise_peer_failure(e)
       explained = dtensor_errors.explain(e, self._axis_name)
       if explained is None:
         raise
@@ -260,12 +264,21 @@ class PmappedFunction:
   def _trace(self, key, args, static_positions, statics, dynamic, kwargs,
              values, in_axes):
     paths = self._args.paths(args, static_positions, kwargs)
-    shapes = [tuple(value.shape) for value in values]
+    # This process's shapes, from the call's signature: with several
+    # processes each passes its part, and the program sees the whole array,
+    # whose mapped axis spans the devices of all processes.
+    shapes = [shape for _, shape, _ in key[2]]
     axes = [None if axis is None else arguments.normalize_axis(
         axis, len(shape), spec_name="in_axes", path=path)
             for axis, shape, path in zip(in_axes, shapes, paths)]
     size = self._args.mapped_size(axes, shapes, paths)
     devices = self._mesh_devices(size)
+    local, total = self._process_share()
+    global_size = size * total // local
+    shapes = [shape if axis is None else
+              shape[:axis] + (global_size,) + shape[axis + 1:]
+              for shape, axis in zip(shapes, axes)]
+    size = global_size
     top_dim = mesh_lib.mesh_dim_name(0)
     state = axis_env.TraceState(
         mesh_axes=[(self._axis_name, size, top_dim)],
@@ -332,7 +345,9 @@ class PmappedFunction:
         function=tf_internal.flat_caller(concrete),
         input_placements=tuple(input_placements),
         output_placements=tuple(built["placements"]),
-        output_shapes=tuple(tuple(v.shape) for v in result.values),
+        output_shapes=tuple(
+            placement.local_shape(tuple(v.shape))
+            for v, placement in zip(result.values, built["placements"])),
         output_dtypes=tuple(v.dtype for v in result.values),
         output_treedef=result.treedef,
         inline=program,
@@ -344,8 +359,20 @@ class PmappedFunction:
     self._programs.put(key, program)
     return program
 
+  def _process_share(self):
+    """`(local, total)`: this process maps over `local / total` of the axis."""
+    if self._devices is None:
+      return 1, devices_lib.process_count()
+    me = devices_lib.process_index()
+    return (sum(1 for d in self._devices if d.process_index == me),
+            len(self._devices))
+
   def _mesh_devices(self, size):
-    """The devices of the call: the given ones, or the first local ones."""
+    """The devices the call's mesh is made of: the given ones, or from all.
+
+    Without `devices=`, each process maps over its first devices
+    (`_mesh_key` picks them), as many in every process.
+    """
     if self._devices is not None:
       local = [d for d in self._devices
                if d.process_index == devices_lib.process_index()]
@@ -364,7 +391,7 @@ class PmappedFunction:
           f"Map over fewer elements, or make more devices: "
           f"{devices_lib.NUM_CPU_DEVICES_ENV} or tfspmd.set_num_cpu_devices "
           f"for CPU.")
-    return available
+    return devices_lib.devices(self._backend)
 
   # --- donation ----------------------------------------------------------
 
@@ -494,7 +521,22 @@ def _relayout_dtensor(value, placement):
     return dtensor.relayout(value, placement.layout)
   replicated = dtensor.Layout.replicated(layout.mesh, layout.rank)
   host = dtensor.unpack(dtensor.relayout(value, replicated))[0].numpy()
-  return placement_lib.pack_host_array(host, placement)
+  return placement_lib.pack_global_array(host, placement)
+
+
+def _local_shape(value, axis, path, share):
+  """The shape of this process's part of the traced DTensor `value`.
+
+  `share` is `(local, total)`: this process holds `local` of every `total`
+  positions of the mapped axis.
+  """
+  shape = tuple(value.shape)
+  local, total = share
+  if axis is None or local == total:
+    return shape
+  axis = arguments.normalize_axis(axis, len(shape), spec_name="in_axes",
+                                  path=path)
+  return shape[:axis] + (shape[axis] * local // total,) + shape[axis + 1:]
 
 
 def _traced_tensor(leaf, path):
@@ -539,12 +581,22 @@ def _register_nested_axis(state, axis_name, size, depth):
 
 
 def _mesh_key(state, devices):
+  """The mesh over the first devices of each process, process by process.
+
+  The outermost axis spans the processes; a nested pmap's axes lie within
+  each process, as in JAX.
+  """
   dims = tuple(dim for _, _, dim in state.mesh_axes)
   sizes = tuple(size for _, size, _ in state.mesh_axes)
   count = int(np.prod(sizes))
-  if len(state.mesh_axes) == 1 and len(devices) == sizes[0]:
+  if len(devices) == count:
     return dims, sizes, tuple(devices)
-  return dims, sizes, tuple(devices[:count])
+  per_process = count // devices_lib.process_count()
+  chosen = []
+  for process in range(devices_lib.process_count()):
+    own = [d for d in devices if d.process_index == process]
+    chosen += own[:per_process]
+  return dims, sizes, tuple(chosen)
 
 
 def _check_devices(devices, backend):
@@ -648,6 +700,17 @@ def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0,
     drops the least recently used program, so calls with ever-new shapes
     trace every time but do not grow memory; pad or bucket shapes to stay
     within the limit.
+
+  Several processes:
+    After `tfspmd.distributed.initialize()` in every process, every process
+    calls the same pmaps in the same order, each with a mapped size equal to
+    its number of devices used (the first ones of each process). Each passes
+    its own part and gets back its own part (a `ShardedArray` of its local
+    blocks), while `axis_size`, `axis_index` and the collectives span the
+    devices of all processes: the mapped axis is the processes' parts one
+    after another. A nested pmap's axes lie within each process. With
+    `devices=`, give every process the same list; each maps over the ones it
+    owns.
 
   Debug mode:
     With `debug=True` (or inside `tfspmd.debug_mode()`), nothing is traced:

@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from tfspmd._src import distributed
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import tf_internal
 
@@ -16,7 +17,8 @@ class Shard:
 
   Attributes:
     device: The `Device` holding it.
-    index: NumPy index of the block within the whole array.
+    index: NumPy index of the block within the array (within this process's
+      part, with several processes).
     data: The block, a `tf.Tensor` on that device.
 
   Example:
@@ -38,6 +40,11 @@ class ShardedArray:
   wherever TensorFlow asks for one, indexes per device (`out[5]` is device
   5's row), and goes back into a pmap with no copy when it already lies the
   way that pmap needs.
+
+  With several processes (`tfspmd.distributed`), it is this process's part,
+  as in JAX's pmap: its shape, NumPy value, indexing and
+  `addressable_shards` (indices within the part) cover only the blocks of
+  this process's devices; `dtensor_value` is the DTensor of the whole array.
 
   Example:
     >>> import numpy as np, tensorflow as tf, tfspmd
@@ -65,7 +72,7 @@ class ShardedArray:
 
   @property
   def shape(self):
-    """The shape of the whole array."""
+    """The shape of the array (of this process's part, with several)."""
     return self._shape
 
   @property
@@ -105,10 +112,11 @@ class ShardedArray:
   def addressable_shards(self):
     """This process's blocks, one `Shard` per local device, in mesh order."""
     self._check_alive()
-    counts = self._placement.counts()
+    counts = self._placement.local_counts()
     shards = []
-    for (device, index), data in zip(self._placement.local_blocks,
-                                     dtensor.unpack(self._value)):
+    with distributed.peer_failures():
+      components = dtensor.unpack(self._value)
+    for (device, index), data in zip(self._placement.local_view, components):
       shards.append(Shard(device=device, index=placement_lib.block_slices(
           index, self._shape.as_list(), counts), data=data))
     return shards
@@ -116,7 +124,8 @@ class ShardedArray:
   def block_until_ready(self):
     """Waits until the computation producing the array has finished."""
     self._check_alive()
-    tf_internal.wait_for_pending_ops()
+    with distributed.peer_failures():
+      tf_internal.wait_for_pending_ops()
     return self
 
   def is_deleted(self):
@@ -137,12 +146,13 @@ class ShardedArray:
           f"instead, or do not donate an argument you use again.")
 
   def numpy(self):
-    """The whole array as a NumPy array (this process's blocks only)."""
+    """The array as a NumPy array (this process's part, with several)."""
     self._check_alive()
     if self._host is None:
-      self._host = placement_lib.assemble(
-          self._value, self._placement, self._shape.as_list(),
-          self._dtype.as_numpy_dtype)
+      with distributed.peer_failures():
+        self._host = placement_lib.assemble(
+            self._value, self._placement, self._shape.as_list(),
+            self._dtype.as_numpy_dtype)
       self._host.flags.writeable = False
     return self._host
 
@@ -172,14 +182,15 @@ class ShardedArray:
     spec = self._placement.spec
     if (isinstance(key, int) and not isinstance(key, bool) and spec and
         spec[0] is not None and sum(dim is not None for dim in spec) == 1 and
-        self._placement.counts()[0] == self._shape[0]):
+        self._placement.local_counts()[0] == self._shape[0]):
       size = self._shape[0]
       if not -size <= key < size:
         raise IndexError(
             f"index {key} is out of bounds for axis 0 with size {size}")
       key %= size
-      for (_, index), data in zip(self._placement.local_blocks,
-                                  dtensor.unpack(self._value)):
+      with distributed.peer_failures():
+        components = dtensor.unpack(self._value)
+      for (_, index), data in zip(self._placement.local_view, components):
         if index[0] == key:
           with tf.device(data.device):
             return tf.squeeze(data, axis=0)

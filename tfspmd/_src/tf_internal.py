@@ -15,6 +15,7 @@ import tensorflow as tf
 SUPPORTED_TF_VERSIONS = ("2.21",)
 
 try:
+  from tensorflow.dtensor.python import accelerator_util as _accelerator_util
   from tensorflow.python.eager import context as _context
   from tensorflow.python.eager import record as _record
   from tensorflow.python.ops.parallel_for import control_flow_ops as _pfor_ops
@@ -99,6 +100,30 @@ def wait_for_pending_ops():
 def devices_initialized():
   """True once TensorFlow has created its logical devices."""
   return _context.context()._initialized  # pylint: disable=protected-access
+
+
+def accelerator_system_initialized():
+  """True once DTensor's accelerator system is up (tfspmd's or the user's)."""
+  return _accelerator_util.is_initialized()
+
+
+def configure_coordination_service(leader, register_timeout_s,
+                                   heartbeat_timeout_s, shutdown_timeout_s):
+  """Sets up the coordination service a multi-process runtime starts with.
+
+  `register_timeout_s` bounds the wait for every process to join: with
+  `cluster_register_with_barrier`, joining is one barrier under that timeout
+  whose error names the processes missing. Without it, process 0 waits for
+  its peers in TensorFlow's device-exchange barrier, whose timeout is fixed
+  at one hour (`kDevicePropagationTimeout`, TF 2.21).
+  """
+  context = _context.context()
+  context.configure_coordination_service(
+      service_type="standalone", service_leader=leader,
+      cluster_register_timeout_in_ms=int(register_timeout_s * 1000),
+      heartbeat_timeout_in_ms=int(heartbeat_timeout_s * 1000),
+      shutdown_barrier_timeout_in_ms=int(shutdown_timeout_s * 1000))
+  context.coordination_service.cluster_register_with_barrier = True
 
 
 def flat_caller(concrete_function):

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
+from tfspmd._src import devices as devices_lib
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
 from tfspmd._src import vectorize
@@ -50,6 +51,11 @@ def call(pmapped, args, kwargs):
         "run while a tf.function, a compiled pmap or a vmap is being traced. "
         "Give debug=True to the outermost pmap (every pmap inside it runs in "
         "debug mode too) and call it outside any tf.function or vmap.")
+  if devices_lib.process_count() > 1:
+    raise NotImplementedError(
+        "pmap(debug=True) runs one process's devices in threads of that "
+        "process; with several processes (tfspmd.distributed), debug each "
+        "process's program in a single-process run instead.")
   parent = axis_env.frames()
   if parent:
     pmapped._check_nested()

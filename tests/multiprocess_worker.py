@@ -1,0 +1,159 @@
+"""One process of a multi-process test: `python multiprocess_worker.py SCENARIO`.
+
+The test (test_multiprocess.py) starts one per process with the cluster in
+the environment (`DTENSOR_JOBS`, `DTENSOR_CLIENT_ID`, ...) and
+`TFSPMD_NUM_CPU_DEVICES`, and reads the last line of its stdout: a JSON
+object of what the process saw. Timeouts come from `WORKER_INIT_TIMEOUT` and
+`WORKER_HEARTBEAT_TIMEOUT` (seconds).
+"""
+
+import functools
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from examples import multiprocess_psum
+import tfspmd
+from tfspmd import lax
+
+
+def _initialize():
+  tfspmd.distributed.initialize(
+      initialization_timeout=float(os.environ["WORKER_INIT_TIMEOUT"]),
+      heartbeat_timeout=float(os.environ["WORKER_HEARTBEAT_TIMEOUT"]))
+
+
+def seed():
+  """The jax.pmap reference's two-process example, and devices= across processes."""
+  _initialize()
+  me = tfspmd.process_index()
+  out = multiprocess_psum.x_plus_psum()
+  report = {
+      "process_index": me,
+      "process_count": tfspmd.process_count(),
+      "devices": [d.id for d in tfspmd.devices()],
+      "local_devices": [d.id for d in tfspmd.local_devices()],
+      "local_device_names": [d.name for d in tfspmd.local_devices()],
+      "out": np.asarray(out).tolist(),
+      "out_shape": out.shape.as_list(),
+      "shard_devices": [s.device.id for s in out.addressable_shards],
+      "out_row_2": int(out[2]),
+  }
+  # The result goes back in with no copy; the mapped axis spans 8 devices.
+  again = tfspmd.pmap(lambda y: (lax.all_gather(y, "i"), lax.axis_size("i"),
+                                 lax.axis_index("i")), axis_name="i")(out)
+  report["gathered"] = np.asarray(again[0])[0].tolist()
+  report["axis_size"] = np.asarray(again[1]).tolist()
+  report["axis_index"] = np.asarray(again[2]).tolist()
+  # Inside a tf.function, on the DTensor of an earlier result.
+  center = tfspmd.pmap(lambda y: y - lax.pmean(y, "i"), axis_name="i")
+  centered = tf.function(lambda v: center(center(v)))(
+      tf.cast(out.dtensor_value, tf.float32))
+  report["centered"] = [float(c.numpy()[0])
+                        for c in dtensor.unpack(centered)]
+  try:
+    tfspmd.distributed.initialize()
+  except RuntimeError as e:
+    report["second_initialize"] = str(e)
+  # devices= is the same list in every process; each maps over its own ones.
+  middle = tfspmd.devices()[2:6]
+  g = tfspmd.pmap(lambda x: x / lax.psum(x, "i"), axis_name="i",
+                  devices=middle)
+  report["middle"] = np.asarray(
+      g(np.array([2.0, 3.0]) if me == 0 else np.array([4.0, 5.0]))).tolist()
+  return report
+
+
+def nested():
+  """The reference's nested rows/cols normalize over 4 processes x 2 devices."""
+  _initialize()
+  me = tfspmd.process_index()
+
+  @functools.partial(tfspmd.pmap, axis_name="rows")
+  @functools.partial(tfspmd.pmap, axis_name="cols")
+  def normalize(x):
+    row_normed = x / lax.psum(x, "rows")
+    col_normed = x / lax.psum(x, "cols")
+    doubly_normed = x / lax.psum(x, ("rows", "cols"))
+    return row_normed, col_normed, doubly_normed
+
+  x = np.arange(8.0).reshape((4, 2))
+  local = x[me:me + 1]
+  rows, cols, both = normalize(local)
+  index = tfspmd.pmap(tfspmd.pmap(
+      lambda: lax.axis_index(("rows", "cols")), axis_name="cols",
+      axis_size=2), axis_name="rows", axis_size=1)()
+  return {
+      "process_index": me,
+      "rows": np.asarray(rows).tolist(),
+      "cols": np.asarray(cols).tolist(),
+      "both": np.asarray(both).tolist(),
+      "shape": rows.shape.as_list(),
+      "linear_index": np.asarray(index).tolist(),
+  }
+
+
+def dead_peer():
+  """Process 1 exits after joining; process 0 then needs it in a psum."""
+  _initialize()
+  me = tfspmd.process_index()
+  if me == 1:
+    print(json.dumps({"exited": True}), flush=True)
+    os._exit(0)  # pylint: disable=protected-access
+  time.sleep(1.0)  # Let the peer go.
+  start = time.monotonic()
+  try:
+    out = tfspmd.pmap(lambda x: lax.psum(x, "i"), axis_name="i")(tf.ones(2))
+    # The call may return before its collective finishes: read the result.
+    value = np.asarray(out).tolist()
+  except tfspmd.distributed.PeerFailedError as e:
+    return {"error": type(e).__name__, "message": str(e),
+            "seconds": time.monotonic() - start}
+  return {"error": None, "value": value}
+
+
+def never_joined():
+  """This process is the only one of two that starts."""
+  start = time.monotonic()
+  try:
+    _initialize()
+  except TimeoutError as e:
+    return {"error": type(e).__name__, "message": str(e),
+            "seconds": time.monotonic() - start}
+  return {"error": None}
+
+
+def gpu_pair():
+  """Two processes on one host, one GPU each (`local_device_ids`)."""
+  me = int(os.environ["DTENSOR_CLIENT_ID"])
+  tfspmd.distributed.initialize(
+      local_device_ids=[me], backend="gpu",
+      initialization_timeout=float(os.environ["WORKER_INIT_TIMEOUT"]),
+      heartbeat_timeout=float(os.environ["WORKER_HEARTBEAT_TIMEOUT"]))
+  out = tfspmd.pmap(lambda x: x + lax.psum(x, "i"), axis_name="i")(
+      np.array([float(me)], np.float32))
+  return {"out": np.asarray(out).tolist(),
+          "platforms": sorted({d.platform for d in tfspmd.devices()}),
+          "device_count": tfspmd.device_count(),
+          "shard_device": out.addressable_shards[0].data.device}
+
+
+def without_initialize():
+  """DTENSOR_JOBS names two processes, but initialize is not called."""
+  try:
+    tfspmd.devices()
+  except RuntimeError as e:
+    return {"error": type(e).__name__, "message": str(e)}
+  return {"error": None}
+
+
+if __name__ == "__main__":
+  result = {"seed": seed, "nested": nested, "dead_peer": dead_peer,
+            "never_joined": never_joined, "gpu_pair": gpu_pair,
+            "without_initialize": without_initialize}[sys.argv[1]]()
+  print(json.dumps(result), flush=True)

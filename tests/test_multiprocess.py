@@ -1,0 +1,266 @@
+"""Several real processes on localhost, joined by tfspmd.distributed.
+
+Each scenario starts one Python process per cluster member running
+multiprocess_worker.py, with the cluster in DTensor's variables and free
+ports, and reads each one's JSON report. Every child is killed (SIGKILL:
+TensorFlow's coordination service traps SIGTERM) when the scenario ends,
+passes or not.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+import tfspmd
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                      "multiprocess_worker.py")
+# The directory holding the tfspmd and examples packages, for the children.
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(
+    tfspmd.__file__)))
+# Two cores run every child's TensorFlow import at once: be generous with
+# joining, strict with the faults under test.
+JOIN_TIMEOUT = 120
+SCENARIO_TIMEOUT = 240
+
+
+def _free_addresses(count):
+  """`localhost:port` for `count` ports free now (bound together, then let go)."""
+  sockets = [socket.socket() for _ in range(count)]
+  try:
+    for s in sockets:
+      s.bind(("localhost", 0))
+    return [f"localhost:{s.getsockname()[1]}" for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def _run(scenarios, *, devices, init_timeout=JOIN_TIMEOUT,
+         heartbeat_timeout=10):
+  """Runs the processes `scenarios` lists at once; returns their reports.
+
+  Args:
+    scenarios: One `(name, process_id, addresses)` per process to start; a
+      process of `addresses` that no entry names never starts.
+    devices: Logical CPU devices per process.
+    init_timeout: The children's `initialization_timeout`, seconds.
+    heartbeat_timeout: The children's `heartbeat_timeout`, seconds.
+
+  Returns:
+    The report (a dict) of each entry, in order, with its wall time under
+    "wall_seconds".
+  """
+  base = {k: v for k, v in os.environ.items() if not k.startswith("DTENSOR_")}
+  base.update(
+      TFSPMD_NUM_CPU_DEVICES=str(devices), TF_CPP_MIN_LOG_LEVEL="3",
+      WORKER_INIT_TIMEOUT=str(init_timeout),
+      WORKER_HEARTBEAT_TIMEOUT=str(heartbeat_timeout),
+      PYTHONPATH=os.pathsep.join(
+          [SOURCE_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+  children = []
+  with tempfile.TemporaryDirectory() as logs:
+    try:
+      start = time.monotonic()
+      for k, (name, process_id, addresses) in enumerate(scenarios):
+        env = dict(base, DTENSOR_JOBS=",".join(addresses),
+                   DTENSOR_CLIENT_ID=str(process_id))
+        out = open(os.path.join(logs, f"{k}.out"), "w+")
+        err = open(os.path.join(logs, f"{k}.err"), "w+")
+        child = subprocess.Popen([sys.executable, WORKER, name], env=env,
+                                 stdout=out, stderr=err)
+        children.append((child, out, err))
+      reports = []
+      for child, out, err in children:
+        left = SCENARIO_TIMEOUT - (time.monotonic() - start)
+        try:
+          child.wait(timeout=max(left, 1))
+        except subprocess.TimeoutExpired:
+          pytest.fail(f"a process did not finish within {SCENARIO_TIMEOUT}s; "
+                      f"its stderr ends:\n{_tail(err)}")
+        out.seek(0)
+        lines = out.read().splitlines()
+        if child.returncode != 0 or not lines:
+          pytest.fail(f"a process exited with {child.returncode}; its stderr "
+                      f"ends:\n{_tail(err)}")
+        report = json.loads(lines[-1])
+        report["wall_seconds"] = time.monotonic() - start
+        reports.append(report)
+      return reports
+    finally:
+      for child, out, err in children:
+        if child.poll() is None:
+          child.kill()
+          child.wait()
+        out.close()
+        err.close()
+
+
+def _tail(stream, lines=30):
+  stream.seek(0)
+  return "\n".join(stream.read().splitlines()[-lines:])
+
+
+# --- two processes x 4 devices: the jax.pmap reference's example ----------
+
+
+@pytest.fixture(scope="module")
+def seed():
+  addresses = _free_addresses(2)
+  return _run([("seed", 0, addresses), ("seed", 1, addresses)], devices=4)
+
+
+def test_two_processes_each_get_their_part_of_x_plus_psum(seed):
+  assert seed[0]["out"] == [28, 29, 30, 31]
+  assert seed[1]["out"] == [32, 33, 34, 35]
+  assert [r["out_shape"] for r in seed] == [[4], [4]]
+  assert [r["out_row_2"] for r in seed] == [30, 34]
+
+
+def test_every_process_sees_all_devices_and_its_own(seed):
+  for process, report in enumerate(seed):
+    assert report["process_index"] == process
+    assert report["process_count"] == 2
+    assert report["devices"] == list(range(8))
+    assert report["local_devices"] == list(range(4 * process, 4 * process + 4))
+    assert report["shard_devices"] == report["local_devices"]
+    assert all(f"/job:worker/replica:0/task:{process}/device:CPU:" in name
+               for name in report["local_device_names"])
+
+
+def test_collectives_span_the_devices_of_all_processes(seed):
+  for process, report in enumerate(seed):
+    assert report["gathered"] == list(range(28, 36))
+    assert report["axis_size"] == [8] * 4
+    assert report["axis_index"] == list(range(4 * process, 4 * process + 4))
+
+
+def test_pmap_inside_a_tf_function_on_a_multi_process_result(seed):
+  whole = np.arange(28, 36, dtype=np.float32)
+  expected = whole - whole.mean()
+  assert seed[0]["centered"] == expected[:4].tolist()
+  assert seed[1]["centered"] == expected[4:].tolist()
+
+
+def test_devices_spanning_processes_map_over_the_local_ones(seed):
+  # devices()[2:6]: two devices of each process; 2., 3. and 4., 5. passed.
+  whole = np.array([2.0, 3.0, 4.0, 5.0])
+  expected = whole / whole.sum()
+  np.testing.assert_allclose(seed[0]["middle"], expected[:2])
+  np.testing.assert_allclose(seed[1]["middle"], expected[2:])
+
+
+def test_initialize_twice_raises(seed):
+  assert seed[1]["second_initialize"] == (
+      "tfspmd.distributed.initialize() was already called in this process "
+      "(process 1 of 2); call it once.")
+
+
+# --- four processes x 2 devices: nested pmaps -----------------------------
+
+
+@pytest.fixture(scope="module")
+def nested():
+  addresses = _free_addresses(4)
+  return _run([("nested", k, addresses) for k in range(4)], devices=2)
+
+
+def test_nested_normalize_over_four_processes(nested):
+  x = np.arange(8.0).reshape((4, 2))
+  rows = x / x.sum(0)
+  cols = x / x.sum(1, keepdims=True)
+  both = x / x.sum()
+  for process, report in enumerate(nested):
+    assert report["shape"] == [1, 2]
+    np.testing.assert_allclose(report["rows"], rows[process:process + 1])
+    np.testing.assert_allclose(report["cols"], cols[process:process + 1])
+    np.testing.assert_allclose(report["both"], both[process:process + 1])
+
+
+def test_nested_axes_index_the_outer_axis_across_processes(nested):
+  for process, report in enumerate(nested):
+    assert report["linear_index"] == [[2 * process, 2 * process + 1]]
+
+
+# --- GPUs ------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_two_processes_with_one_gpu_each():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  gpus = len(tf.config.list_physical_devices("GPU"))
+  if gpus < 2:
+    pytest.skip(f"needs 2 GPUs (one per process); this machine has {gpus}")
+  addresses = _free_addresses(2)
+  reports = _run([("gpu_pair", 0, addresses), ("gpu_pair", 1, addresses)],
+                 devices=1)
+  assert [r["out"] for r in reports] == [[1.0], [2.0]]
+  for process, report in enumerate(reports):
+    assert report["platforms"] == ["gpu"] and report["device_count"] == 2
+    assert report["shard_device"].endswith(f"task:{process}/device:GPU:0")
+
+
+# --- faults -----------------------------------------------------------------
+
+
+def test_a_peer_that_exits_makes_the_collective_raise_peer_failed_error():
+  addresses = _free_addresses(2)
+  heartbeat = 5
+  survivor, peer = _run(
+      [("dead_peer", 0, addresses), ("dead_peer", 1, addresses)], devices=2,
+      heartbeat_timeout=heartbeat)
+  assert peer == {"exited": True, "wall_seconds": peer["wall_seconds"]}
+  assert survivor["error"] == "PeerFailedError"
+  assert survivor["message"].startswith(
+      f"process 1 ({addresses[1]}) exited or stopped answering while "
+      f"process 0 waited on it in a collective.")
+  # The connection is refused at once, or its heartbeats are missed.
+  assert survivor["seconds"] < heartbeat + 10
+
+
+@pytest.fixture(scope="module")
+def alone():
+  """Processes whose peers never start, started at once.
+
+  Process 0 of one pair, process 1 of another, and a process of a third
+  pair that does not call initialize.
+  """
+  first, second, third = (_free_addresses(2) for _ in range(3))
+  reports = _run([("never_joined", 0, first), ("never_joined", 1, second),
+                  ("without_initialize", 0, third)],
+                 devices=2, init_timeout=3)
+  return reports, first, second
+
+
+def test_a_peer_that_never_starts_times_out_initialize(alone):
+  (coordinator, _, _), first, _ = alone
+  assert coordinator["error"] == "TimeoutError"
+  assert coordinator["message"].startswith(
+      f"tfspmd.distributed.initialize: process 1 ({first[1]}) did not join "
+      f"within initialization_timeout=3.0s (this is process 0 of 2")
+  assert coordinator["seconds"] < 3 + 10
+
+
+def test_a_coordinator_that_never_starts_times_out_initialize(alone):
+  (_, follower, _), _, second = alone
+  assert follower["error"] == "TimeoutError"
+  assert follower["message"].startswith(
+      f"tfspmd.distributed.initialize: process 0 ({second[0]}) did not join")
+  # The follower retries its registration once: up to twice the timeout.
+  assert follower["seconds"] < 2 * 3 + 10
+
+
+def test_devices_without_initialize_in_a_cluster_raises(alone):
+  (_, _, report), _, _ = alone
+  assert report["error"] == "RuntimeError"
+  assert report["message"] == (
+      "DTENSOR_JOBS names 2 processes, but the multi-process runtime was not "
+      "started: call tfspmd.distributed.initialize() first thing in every "
+      "process, before any TensorFlow op.")

@@ -1,0 +1,261 @@
+"""Several processes, one program: DTensor's multi-client runtime.
+
+Every process runs the same Python program and calls `initialize` first;
+each then feeds its own devices, and collectives span the devices of all
+processes. The runtime is DTensor's: `initialize` sets DTensor's
+`DTENSOR_*` variables (DTensor reads its configuration from them) and calls
+`dtensor.initialize_accelerator_system`, which starts this process's gRPC
+server and joins the others through TensorFlow's coordination service.
+
+Faults, as TensorFlow's runtime reports them (TF 2.21, checked on localhost):
+  * a process that never starts: every other process's `initialize` raises
+    `TimeoutError` after `initialization_timeout`, naming it;
+  * a process that exits after collectives with it ran: a collective
+    waiting on it fails at once (its connections are refused);
+  * a process that exits before that, or stops answering (a host lost or
+    frozen): the coordination service misses its heartbeats for
+    `heartbeat_timeout` and aborts every collective waiting on it;
+the last two raise `PeerFailedError` from the pmapped call or where its
+results are read. A process that is alive but never reaches the collective
+(a program that calls its pmaps in another order) is not detected: it
+waits, as in JAX.
+"""
+
+import contextlib
+import os
+import re
+import threading
+
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfspmd._src import cluster as cluster_lib
+from tfspmd._src import devices as devices_lib
+from tfspmd._src import tf_internal
+
+NCCL_ENV = "DTENSOR_GPU_USE_NCCL_COMMUNICATION"
+
+_lock = threading.Lock()
+_cluster = None  # The `Cluster` once `initialize` succeeded.
+
+
+class PeerFailedError(RuntimeError):
+  """A process this one computes with has exited or stopped answering.
+
+  Raised by a pmapped call whose collectives lost a peer. TensorFlow's
+  collective runtime of this process is aborted: restart every process.
+
+  Example:
+    >>> import tfspmd
+    >>> issubclass(tfspmd.distributed.PeerFailedError, RuntimeError)
+    True
+  """
+
+
+def initialize(coordinator_address=None, num_processes=None, process_id=None,
+               local_device_ids=None, *, process_addresses=None, backend=None,
+               initialization_timeout=300, heartbeat_timeout=100):
+  """Joins this process to the others running the same program.
+
+  Call it in every process, first thing after importing tfspmd, before any
+  TensorFlow op. Then `tfspmd.process_index()`, `process_count()`,
+  `devices()` (every process's) and `local_devices()` describe the cluster,
+  and a pmap maps over the devices of all processes: each process passes
+  and receives only its local part (see `tfspmd.pmap`).
+
+  Every argument left None is read from the environment: DTensor's own
+  `DTENSOR_JOBS` (`host:port` of every process, process 0 first),
+  `DTENSOR_CLIENT_ID` and `DTENSOR_JOB_NAME`, or on a Cloud TPU VM the
+  slice's hosts (`TPU_WORKER_HOSTNAMES`, `TPU_WORKER_ID`, else the VM's
+  metadata server; port 8476 unless `coordinator_address` gives one).
+  With nothing there, it initializes a single process.
+
+  Args:
+    coordinator_address: `host:port` of process 0, which runs the
+      coordination service. DTensor needs every process's address, so on
+      its own it describes only a single process; otherwise it is checked
+      against `process_addresses`.
+    num_processes: The number of processes; checked against the addresses.
+    process_id: This process's index, from 0.
+    local_device_ids: GPUs only: the indices of the physical GPUs this
+      process uses (as with `CUDA_VISIBLE_DEVICES`).
+    process_addresses: `host:port` of every process, in process order; each
+      process listens on its own. The same list in every process.
+    backend: 'cpu', 'gpu' or 'tpu'; None picks TPU, then GPU, then CPU.
+    initialization_timeout: Seconds to wait for every process to join.
+    heartbeat_timeout: Seconds of silence after which a process counts as
+      failed, and collectives waiting on it raise `PeerFailedError`.
+
+  Raises:
+    RuntimeError: If called twice, or after TensorFlow started its devices.
+    TimeoutError: If some process did not join within
+      `initialization_timeout`; the message names it. This process's
+      TensorFlow runtime cannot be initialized again: restart it.
+    ValueError, TypeError: For an incomplete or inconsistent description.
+
+  Example:
+    Two processes on one host, each with 4 logical CPU devices
+    (`TFSPMD_NUM_CPU_DEVICES=4`), run the same program; process 1 passes
+    `process_id=1`:
+
+      tfspmd.distributed.initialize(
+          process_addresses=["localhost:9000", "localhost:9001"],
+          process_id=0)
+
+    Once TensorFlow has started its devices, it is too late:
+
+    >>> import tensorflow as tf, tfspmd
+    >>> _ = tfspmd.pmap(lambda x: x)(tf.range(2))
+    >>> tfspmd.distributed.initialize()  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    RuntimeError: tfspmd.distributed.initialize() came too late: ...
+  """
+  global _cluster
+  with _lock:
+    if _cluster is not None:
+      raise RuntimeError(
+          f"tfspmd.distributed.initialize() was already called in this "
+          f"process (process {_cluster.process_id} of "
+          f"{_cluster.num_processes}); call it once.")
+    for name, value in (("initialization_timeout", initialization_timeout),
+                        ("heartbeat_timeout", heartbeat_timeout)):
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+          value <= 0):
+        raise ValueError(
+            f"tfspmd.distributed.initialize: `{name}` must be a positive "
+            f"number of seconds, got {value!r}.")
+    platform = devices_lib.resolve_backend(backend)
+    cluster = cluster_lib.resolve(
+        coordinator_address, num_processes, process_id, process_addresses,
+        on_tpu=platform == "tpu")
+    gpus = (None if local_device_ids is None else
+            _local_gpus(platform, local_device_ids))
+    if tf_internal.devices_initialized():
+      raise RuntimeError(
+          "tfspmd.distributed.initialize() came too late: TensorFlow has "
+          "already started its devices (a TensorFlow op ran, or "
+          "tfspmd.devices() or a pmap was called). Call it first thing "
+          "after importing tfspmd.")
+    if gpus is not None:
+      tf.config.set_visible_devices(gpus, "GPU")
+    if platform == "gpu":
+      # DTensor's NCCL collectives, one logical device per physical GPU.
+      os.environ.setdefault(NCCL_ENV, "1")
+    if cluster.num_processes > 1:
+      os.environ.update({
+          cluster_lib.JOBS_ENV: ",".join(cluster.addresses),
+          cluster_lib.CLIENT_ID_ENV: str(cluster.process_id),
+          cluster_lib.NUM_CLIENTS_ENV: str(cluster.num_processes),
+          cluster_lib.JOB_NAME_ENV: cluster.job_name,
+      })
+      tf_internal.configure_coordination_service(
+          f"/job:{cluster.job_name}/replica:0/task:0",
+          register_timeout_s=initialization_timeout,
+          heartbeat_timeout_s=heartbeat_timeout,
+          shutdown_timeout_s=initialization_timeout)
+    try:
+      # The coordination service is configured above, with timeouts.
+      dtensor.initialize_accelerator_system(
+          platform.upper(), enable_coordination_service=False)
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
+      raise TimeoutError(_join_timeout_message(
+          cluster, str(e), initialization_timeout)) from e
+    _cluster = cluster
+
+
+def is_initialized():
+  """True once `initialize` has succeeded in this process.
+
+  Example:
+    >>> import tfspmd
+    >>> tfspmd.distributed.is_initialized()
+    False
+  """
+  return _cluster is not None
+
+
+def _local_gpus(platform, local_device_ids):
+  """The physical GPUs `local_device_ids` picks, checked."""
+  if platform != "gpu":
+    raise ValueError(
+        f"tfspmd.distributed.initialize: `local_device_ids` picks physical "
+        f"GPUs, but the platform is {platform!r}. For CPU devices, set "
+        f"{devices_lib.NUM_CPU_DEVICES_ENV} or call "
+        f"tfspmd.set_num_cpu_devices; a TPU host uses all its chips.")
+  gpus = tf.config.list_physical_devices("GPU")
+  ids = list(local_device_ids)
+  bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < len(gpus)]
+  if bad or not ids or len(set(ids)) != len(ids):
+    raise ValueError(
+        f"tfspmd.distributed.initialize: `local_device_ids` must be distinct "
+        f"indices of this host's {len(gpus)} GPU(s), got {ids!r}.")
+  return [gpus[i] for i in ids]
+
+
+def _tasks_named(message, cluster):
+  """The process indices TensorFlow's `message` names, other than this one."""
+  found = {int(t) for t in re.findall(r"/task:(\d+)", message)}
+  for port in re.findall(r"ipv[46]:\S+?:(\d+): Failed to connect", message):
+    found.update(p for p, address in enumerate(cluster.addresses)
+                 if address.rsplit(":", 1)[1] == port)
+  found.discard(cluster.process_id)
+  return sorted(p for p in found if p < cluster.num_processes)
+
+
+def _join_timeout_message(cluster, message, timeout):
+  listed = message.split("timed out task names:", 1)
+  missing = _tasks_named(listed[1], cluster) if len(listed) > 1 else []
+  if not missing and cluster.process_id != 0:
+    missing = [0]  # The coordinator never answered this process.
+  who = cluster.describe(missing) if missing else "some process"
+  return (
+      f"tfspmd.distributed.initialize: {who} did not join within "
+      f"initialization_timeout={timeout}s (this is process "
+      f"{cluster.process_id} of {cluster.num_processes}, addresses from "
+      f"{cluster.source}). Start every process with the same addresses, or "
+      f"give slow starters a longer initialization_timeout. This process "
+      f"cannot initialize again: restart it. TensorFlow said: "
+      f"{_first_line(message)}")
+
+
+@contextlib.contextmanager
+def peer_failures():
+  """Turns a lost peer's TensorFlow error inside the block into `PeerFailedError`.
+
+  A multi-process call returns before its collectives finish, so the error
+  can surface where its results are read.
+  """
+  try:
+    yield
+  except tf.errors.OpError as e:
+    raise_peer_failure(e)
+    raise
+
+
+def raise_peer_failure(error):
+  """Raises `PeerFailedError` if the TensorFlow `error` is a lost peer's.
+
+  That is an `UnavailableError` or `DeadlineExceededError` of a
+  multi-process run. Returns otherwise, for the caller to handle `error`.
+  """
+  if (_cluster is None or _cluster.num_processes == 1 or not isinstance(
+      error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError))):
+    return
+  message = str(error)
+  failed = _tasks_named(message, _cluster)
+  if not failed and "CoordinationService/Heartbeat" in message:
+    failed = [0]  # The coordinator, which receives the heartbeats, is gone.
+  who = _cluster.describe(failed) if failed else "a peer process"
+  raise PeerFailedError(
+      f"{who} exited or stopped answering while process "
+      f"{_cluster.process_id} waited on it in a collective. This "
+      f"process's collective runtime is aborted: restart every process. "
+      f"TensorFlow said: {type(error).__name__}: {_first_line(message)}"
+  ) from error
+
+
+def _first_line(message):
+  """The first line of TensorFlow's `message`, without the function's name."""
+  return re.sub(r"^\{\{function_node [^}]*\}\}\s*", "",
+                message.strip()).splitlines()[0]
