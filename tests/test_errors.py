@@ -830,11 +830,6 @@ def raised(entry):
 def message(error):
   """The message as docs/errors.md shows it: no addresses, paths or lines."""
   text = str(error)
-  # An error raised while TensorFlow traces a tf.function comes wrapped in
-  # the user's stack (absolute paths and lines): keep the error itself.
-  wrapped = re.search(r"\n\s*\w+Error: (.*)\Z", text, re.S)
-  if "in user code:" in text and wrapped:
-    text = wrapped.group(1).strip()
   text = re.sub(r"0x[0-9a-f]+", "0x...", text)
   return re.sub(r"\S*(tests/test_errors\.py):\d+", r"\1:LINE", text)
 
