@@ -6,6 +6,8 @@ messages name the transformation ("pmap", "vmap") and the pytree path of
 the argument at fault.
 """
 
+import functools
+
 from tfspmd._src import arguments
 from tfspmd._src import lru
 from tfspmd._src import tree
@@ -36,6 +38,10 @@ class MappedArguments:
     self.static_argnums = static_argnums
     self.axis_size = axis_size
     self._leaf_axes = lru.LRUCache(lru.TRACE_CACHE_SIZE)
+
+  def bind(self, args, kwargs):
+    """Splits one call's arguments into a `BoundCall` (checks them too)."""
+    return BoundCall(self, args, kwargs)
 
   def static_positions(self, count):
     if not self.static_argnums:
@@ -147,3 +153,38 @@ class MappedArguments:
       return tuple(full), kw
 
     return rebuild
+
+
+class BoundCall:
+  """One call's arguments: static ones split off, the rest flattened.
+
+  Attributes:
+    args: The positional arguments as given.
+    kwargs: The keyword arguments as given.
+    static_positions: Positions in `args` of static arguments.
+    statics: `(position, value)` of each static argument.
+    dynamic: The positional arguments that are not static.
+    leaves: The leaves of `(dynamic, kwargs)`.
+    treedef: Their tree structure.
+    in_axes: The in axis of each leaf.
+  """
+
+  def __init__(self, binding, args, kwargs):
+    self.args = args
+    self.kwargs = kwargs
+    self.static_positions = binding.static_positions(len(args))
+    self.statics = binding.statics(args, self.static_positions)
+    self.dynamic = tuple(a for i, a in enumerate(args)
+                         if i not in self.static_positions)
+    self.leaves, self.treedef = tree.flatten((self.dynamic, kwargs))
+    self.in_axes = binding.leaf_in_axes(self.treedef, args,
+                                        self.static_positions, self.dynamic)
+
+  @functools.cached_property
+  def paths(self):
+    """The pytree path of each leaf, for messages (made on first use)."""
+    return MappedArguments.paths(self.args, self.static_positions, self.kwargs)
+
+  def rebuilder(self):
+    """`rebuild(per_position_leaves) -> (args, kwargs)` for this call."""
+    return MappedArguments.rebuilder(self.dynamic, self.kwargs, self.statics)

@@ -136,21 +136,14 @@ class PmappedFunction:
       return self._call_nested(args, kwargs)
     if tf.inside_function():
       return self._call_in_graph(args, kwargs)
-    static_positions = self._args.static_positions(len(args))
-    statics = self._args.statics(args, static_positions)
-    dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
-    leaves, treedef = tree.flatten((dynamic, kwargs))
-    in_axes = self._args.leaf_in_axes(treedef, args, static_positions,
-                                      dynamic)
-    paths = None
+    call = self._args.bind(args, kwargs)
     values, signature = [], []
-    for k, leaf in enumerate(leaves):
+    for k, leaf in enumerate(call.leaves):
       if isinstance(leaf, tf.Variable):
         leaf = tf.convert_to_tensor(leaf)
       if isinstance(leaf, ShardedArray):
         if leaf.is_deleted():
-          raise _donated_argument_error(
-              self._args.paths(args, static_positions, kwargs)[k])
+          raise _donated_argument_error(call.paths[k])
         values.append(leaf)
         signature.append((leaf.placement, tuple(leaf.shape), leaf.dtype))
         continue
@@ -160,23 +153,20 @@ class PmappedFunction:
       else:
         ready = isinstance(leaf, np.ndarray) and leaf.dtype.kind in "biufc"
       if not ready:
-        if paths is None:
-          paths = self._args.paths(args, static_positions, kwargs)
-        leaf = arguments.to_array_leaf(leaf, paths[k])
+        leaf = arguments.to_array_leaf(leaf, call.paths[k])
       values.append(leaf)
       signature.append((None, tuple(leaf.shape), tf.as_dtype(leaf.dtype)))
-    key = (treedef, statics, tuple(signature))
+    key = (call.treedef, call.statics, tuple(signature))
     program = self._programs.get(key)
     if program is None:
-      program = self._trace(key, args, static_positions, statics, dynamic,
-                            kwargs, values, in_axes)
+      program = self._trace(key, call, values)
     if tf_internal.tape_active() and (
         program.trainable_variables or tf_internal.tape_may_record(
             [v for v in values if isinstance(v, tf.Tensor)])):
       outputs = pmap_gradient.recorded_call(
           lambda tensors: [tf.convert_to_tensor(r)
                            for r in self._run(program, tensors)],
-          self._vjp(key, program, dynamic, kwargs, statics, in_axes),
+          self._vjp(key, program, call),
           [tf.convert_to_tensor(v) for v in values], program.size)
       return program.output_treedef.unflatten(list(outputs))
     results = self._run(program, values)
@@ -195,15 +185,9 @@ class PmappedFunction:
     layout", TF 2.21), and the outputs are left as DTensors for the rest
     of the user's function.
     """
-    static_positions = self._args.static_positions(len(args))
-    statics = self._args.statics(args, static_positions)
-    dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
-    leaves, treedef = tree.flatten((dynamic, kwargs))
-    in_axes = self._args.leaf_in_axes(treedef, args, static_positions,
-                                      dynamic)
-    paths = self._args.paths(args, static_positions, kwargs)
+    call = self._args.bind(args, kwargs)
     values = []
-    for leaf, path in zip(leaves, paths):
+    for leaf, path in zip(call.leaves, call.paths):
       if isinstance(leaf, ShardedArray):
         leaf = leaf.dtensor_value
       value = _traced_tensor(leaf, path)
@@ -215,12 +199,12 @@ class PmappedFunction:
       values.append(value)
     share = self._process_share()
     signature = tuple((None, _local_shape(v, axis, path, share), v.dtype)
-                      for v, axis, path in zip(values, in_axes, paths))
-    key = (treedef, statics, signature)
+                      for v, axis, path in zip(values, call.in_axes,
+                                               call.paths))
+    key = (call.treedef, call.statics, signature)
     program = self._programs.get(key)
     if program is None:
-      program = self._trace(key, args, static_positions, statics, dynamic,
-                            kwargs, values, in_axes)
+      program = self._trace(key, call, values)
     outputs = program.inline(*values)
     return program.output_treedef.unflatten(list(outputs))
 
@@ -245,7 +229,7 @@ class PmappedFunction:
                 outputs, program.output_placements, program.output_shapes,
                 program.output_dtypes)]
 
-  def _vjp(self, key, program, dynamic, kwargs, statics, in_axes):
+  def _vjp(self, key, program, call):
     """The pmapped VJP of the call signature `key`, made once."""
     vjp = self._vjps.get(key)
     if vjp is None:
@@ -253,24 +237,23 @@ class PmappedFunction:
         return PmappedFunction(fun, self._axis_name, in_axes, out_axes, (),
                                self._devices, self._backend, None, (), None)
       vjp = pmap_gradient.VjpProgram(
-          make_pmap, self._fun, self._args.rebuilder(dynamic, kwargs, statics),
-          in_axes, program.output_axes, program.trainable_variables,
+          make_pmap, self._fun, call.rebuilder(), call.in_axes,
+          program.output_axes, program.trainable_variables,
           self._axis_name)
       self._vjps.put(key, vjp)
     return vjp
 
   # --- tracing -----------------------------------------------------------
 
-  def _trace(self, key, args, static_positions, statics, dynamic, kwargs,
-             values, in_axes):
-    paths = self._args.paths(args, static_positions, kwargs)
+  def _trace(self, key, call, values):
+    paths = call.paths
     # This process's shapes, from the call's signature: with several
     # processes each passes its part, and the program sees the whole array,
     # whose mapped axis spans the devices of all processes.
     shapes = [shape for _, shape, _ in key[2]]
     axes = [None if axis is None else arguments.normalize_axis(
         axis, len(shape), spec_name="in_axes", path=path)
-            for axis, shape, path in zip(in_axes, shapes, paths)]
+            for axis, shape, path in zip(call.in_axes, shapes, paths)]
     size = self._args.mapped_size(axes, shapes, paths)
     devices = self._mesh_devices(size)
     local, total = self._process_share()
@@ -284,7 +267,7 @@ class PmappedFunction:
         mesh_axes=[(self._axis_name, size, top_dim)],
         max_devices=len(devices) if self._devices is None else size)
     dtypes = [value.dtype for value in values]
-    rebuild = self._args.rebuilder(dynamic, kwargs, statics)
+    rebuild = call.rebuilder()
     built = {}
 
     def on_slice(leaf, piece, _):
@@ -307,7 +290,7 @@ class PmappedFunction:
               self._fun, self._steps,
               frame_template=(self._axis_name, size, top_dim),
               inputs=list(inputs), in_axes=axes, paths=paths,
-              carry_treedef=_carry_treedef(dynamic, self._steps),
+              carry_treedef=_carry_treedef(call.dynamic, self._steps),
               rebuild_args=rebuild, out_axes=self._out_axes,
               on_slice=on_slice)
         mesh_key = _mesh_key(state, devices)
@@ -431,18 +414,14 @@ class PmappedFunction:
   def _call_nested(self, args, kwargs):
     state = axis_env.trace_state()
     self._check_nested()
-    static_positions = self._args.static_positions(len(args))
-    statics = self._args.statics(args, static_positions)
-    dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
-    leaves, treedef = tree.flatten((dynamic, kwargs))
-    paths = self._args.paths(args, static_positions, kwargs)
-    in_axes = self._args.leaf_in_axes(treedef, args, static_positions,
-                                      dynamic)
-    values = [_traced_tensor(leaf, path) for leaf, path in zip(leaves, paths)]
+    call = self._args.bind(args, kwargs)
+    paths = call.paths
+    values = [_traced_tensor(leaf, path)
+              for leaf, path in zip(call.leaves, paths)]
     shapes = [tuple(v.shape) for v in values]
     axes = [None if axis is None else arguments.normalize_axis(
         axis, len(shape), spec_name="in_axes", path=path)
-            for axis, shape, path in zip(in_axes, shapes, paths)]
+            for axis, shape, path in zip(call.in_axes, shapes, paths)]
     size = self._args.mapped_size(axes, shapes, paths)
     depth = sum(1 for frame in axis_env.frames() if frame.mesh_dim is not None)
     mesh_dim = _register_nested_axis(state, self._axis_name, size, depth)
@@ -457,7 +436,7 @@ class PmappedFunction:
     result = vectorize.map_over_axis(
         self._fun, frame_template=(self._axis_name, size, mesh_dim),
         inputs=values, in_axes=axes,
-        rebuild_args=self._args.rebuilder(dynamic, kwargs, statics),
+        rebuild_args=call.rebuilder(),
         out_axes=self._out_axes, on_slice=state.slice_tracker(values, axes))
     for value, axis, per_device in zip(result.values, result.out_axes,
                                        result.per_device):

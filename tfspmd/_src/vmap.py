@@ -60,21 +60,20 @@ class VmappedFunction:
 
   def _vectorize(self, args, kwargs):
     axis_env.check_not_bound(self._axis_name, "vmap")
-    dynamic = tuple(args)
-    leaves, treedef = tree.flatten((dynamic, kwargs))
-    paths = self._args.paths(args, frozenset(), kwargs)
-    in_axes = self._args.leaf_in_axes(treedef, args, frozenset(), dynamic)
-    values = [_traced_tensor(leaf, path) for leaf, path in zip(leaves, paths)]
+    call = self._args.bind(args, kwargs)
+    paths = call.paths
+    values = [_traced_tensor(leaf, path)
+              for leaf, path in zip(call.leaves, paths)]
     shapes = [tuple(v.shape) for v in values]
     axes = [None if axis is None else arguments.normalize_axis(
         axis, len(shape), spec_name="in_axes", path=path)
-            for axis, shape, path in zip(in_axes, shapes, paths)]
+            for axis, shape, path in zip(call.in_axes, shapes, paths)]
     size = self._args.mapped_size(axes, shapes, paths)
     state = axis_env.trace_state()
     result = vectorize.map_over_axis(
         self._fun, frame_template=(self._axis_name, size, None),
         inputs=values, in_axes=axes,
-        rebuild_args=self._args.rebuilder(dynamic, kwargs, ()),
+        rebuild_args=call.rebuilder(),
         out_axes=self._out_axes,
         on_slice=None if state is None else state.slice_tracker(values, axes))
     return result.treedef.unflatten(result.values)

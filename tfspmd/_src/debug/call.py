@@ -82,22 +82,17 @@ def call(pmapped, args, kwargs):
 def _bind(pmapped, args, kwargs, parent):
   """Checks the call as the compiled path does; returns a `_Bound`."""
   binding = pmapped._args
-  static_positions = binding.static_positions(len(args))
-  statics = binding.statics(args, static_positions)
-  dynamic = tuple(a for i, a in enumerate(args) if i not in static_positions)
-  leaves, treedef = tree.flatten((dynamic, kwargs))
-  in_axes = binding.leaf_in_axes(treedef, args, static_positions, dynamic)
-  paths = binding.paths(args, static_positions, kwargs)
+  call = binding.bind(args, kwargs)
+  paths = call.paths
   values = [tf.convert_to_tensor(arguments.to_array_leaf(leaf, path))
-            for leaf, path in zip(leaves, paths)]
+            for leaf, path in zip(call.leaves, paths)]
   axes = [None if axis is None else arguments.normalize_axis(
       axis, value.shape.rank, spec_name="in_axes", path=path)
-          for axis, value, path in zip(in_axes, values, paths)]
+          for axis, value, path in zip(call.in_axes, values, paths)]
   size = binding.mapped_size(axes, [tuple(v.shape) for v in values], paths)
   # The devices the compiled program would need, checked the same way.
   pmapped._mesh_devices(math.prod(frame.size for frame in parent) * size)
-  return _Bound(size, values, in_axes, axes,
-                binding.rebuilder(dynamic, kwargs, statics))
+  return _Bound(size, values, call.in_axes, axes, call.rebuilder())
 
 
 def _run(pmapped, chains, axes, rebuild, values, watch_variables=False):
