@@ -7,10 +7,11 @@ with NumPy below.
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import tfspmd
 from tfspmd import lax
+
+import numpy_reference
 
 SIZES = [2, 4, 8]
 
@@ -212,25 +213,6 @@ def test_collectives_on_a_3d_mesh():
 # order and applies the per-device semantics with NumPy.
 
 
-def reference_over_axes(x, mesh_names, names, per_device):
-  mesh_shape = x.shape[:len(mesh_names)]
-  dims = [mesh_names.index(n) for n in names]
-  results = {}
-  for coords in np.ndindex(mesh_shape):
-    members = []
-    for position in np.ndindex(*[mesh_shape[d] for d in dims]):
-      member = list(coords)
-      for d, p in zip(dims, position):
-        member[d] = p
-      members.append(tuple(member))
-    results[coords] = per_device([x[m] for m in members], members.index(coords))
-  first = results[next(iter(results))]
-  out = np.empty(mesh_shape + first.shape, first.dtype)
-  for coords, value in results.items():
-    out[coords] = value
-  return out
-
-
 def gather_ref(axis, tiled):
   return lambda values, me: (np.concatenate(values, axis) if tiled
                              else np.stack(values, axis))
@@ -327,7 +309,7 @@ def test_collectives_over_tuples_of_axes(case):
   out = nested_pmap(lambda v: {k: f(v) for k, f in functions.items()},
                     mesh_names)(x)
   for key, (_, per_device) in cases.items():
-    expected = reference_over_axes(x, mesh_names, names, per_device)
+    expected = numpy_reference.over_axes(x, mesh_names, names, per_device)
     np.testing.assert_allclose(np.asarray(out[key]), expected, rtol=1e-5,
                                atol=1e-6, err_msg=key)
 

@@ -16,6 +16,8 @@ import tensorflow as tf
 import tfspmd
 from tfspmd import lax
 
+import numpy_reference
+
 
 def data(*shape, seed=0):
   return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
@@ -109,26 +111,8 @@ def every_collective(v, axis_name, n):
 
 
 def reference(x, mesh_names, names, name):
-  """The NumPy result of collective `name` over `names` on a mesh.
-
-  `x` has one leading dim per mesh axis; a device's group is the devices
-  that differ from it only along `names`, in linear order over `names`
-  (the first name major).
-  """
-  per_device = COLLECTIVES[name][1]
-  mesh_shape = x.shape[:len(mesh_names)]
-  dims = [mesh_names.index(a) for a in names]
-  out = {}
-  for coords in np.ndindex(mesh_shape):
-    members = []
-    for position in np.ndindex(*[mesh_shape[d] for d in dims]):
-      member = list(coords)
-      for d, p in zip(dims, position):
-        member[d] = p
-      members.append(tuple(member))
-    out[coords] = per_device([x[m] for m in members], members.index(coords))
-  return np.stack([out[c] for c in np.ndindex(mesh_shape)]).reshape(
-      mesh_shape + np.shape(out[coords]))
+  """The NumPy result of collective `name` over `names` on a mesh."""
+  return numpy_reference.over_axes(x, mesh_names, names, COLLECTIVES[name][1])
 
 
 def nested(function):

@@ -11,18 +11,11 @@ import tensorflow as tf
 import tfspmd
 from tfspmd import lax
 
+import numpy_reference
+
 
 def data(*shape, seed=0):
   return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def finite_difference(f, x, eps=1e-2):
-  grad = np.zeros_like(x)
-  for index in np.ndindex(x.shape):
-    step = np.zeros_like(x)
-    step[index] = eps
-    grad[index] = (f(x + step) - f(x - step)) / (2 * eps)
-  return grad
 
 
 def tape_gradient(mapped, x, weights):
@@ -66,7 +59,7 @@ def test_collectives_inside_match_finite_differences(name):
   mapped = tfspmd.pmap(collectives[name], "i")
   x = data(4, 4)
   weights = data(*np.asarray(mapped(x)).shape, seed=3)
-  expected = finite_difference(
+  expected = numpy_reference.finite_difference(
       lambda value: float(np.sum(np.asarray(mapped(value)) * weights)), x)
   np.testing.assert_allclose(tape_gradient(mapped, x, weights), expected,
                              rtol=2e-2, atol=2e-2)
