@@ -33,6 +33,16 @@ def test_ever_new_shapes_keep_the_cache_bounded(cache_size_3):
   assert len(traces) == 10
 
 
+def test_host_and_device_inputs_of_one_shape_share_a_trace():
+  f, traces = _counting_pmap()
+  x = np.arange(16, dtype=np.float32).reshape(8, 2)
+  on_devices = f(x)  # a ShardedArray: placed where the program wants it
+  twice_on_devices = f(on_devices)
+  np.testing.assert_array_equal(twice_on_devices, x * 4.)
+  np.testing.assert_array_equal(f(x), x * 2.)
+  assert traces == [(2,)]
+
+
 def test_the_least_recently_used_program_is_evicted(cache_size_3):
   f, traces = _counting_pmap()
   shapes = {w: np.ones((8, w), np.float32) for w in (1, 2, 3, 4)}

@@ -145,7 +145,7 @@ class PmappedFunction:
         if leaf.is_deleted():
           raise _donated_argument_error(call.paths[k])
         values.append(leaf)
-        signature.append((leaf.placement, tuple(leaf.shape), leaf.dtype))
+        signature.append((tuple(leaf.shape), leaf.dtype))
         continue
       if isinstance(leaf, tf.Tensor):
         dtype = leaf.dtype
@@ -155,7 +155,7 @@ class PmappedFunction:
       if not ready:
         leaf = arguments.to_array_leaf(leaf, call.paths[k])
       values.append(leaf)
-      signature.append((None, tuple(leaf.shape), tf.as_dtype(leaf.dtype)))
+      signature.append((tuple(leaf.shape), tf.as_dtype(leaf.dtype)))
     key = (call.treedef, call.statics, tuple(signature))
     program = self._programs.get(key)
     if program is None:
@@ -198,7 +198,7 @@ class PmappedFunction:
             f"with full shapes, or call it with tensors of fixed shape.")
       values.append(value)
     share = self._process_share()
-    signature = tuple((None, _local_shape(v, axis, path, share), v.dtype)
+    signature = tuple((_local_shape(v, axis, path, share), v.dtype)
                       for v, axis, path in zip(values, call.in_axes,
                                                call.paths))
     key = (call.treedef, call.statics, signature)
@@ -250,7 +250,7 @@ class PmappedFunction:
     # This process's shapes, from the call's signature: with several
     # processes each passes its part, and the program sees the whole array,
     # whose mapped axis spans the devices of all processes.
-    shapes = [shape for _, shape, _ in key[2]]
+    shapes = [shape for shape, _ in key[2]]
     axes = [None if axis is None else arguments.normalize_axis(
         axis, len(shape), spec_name="in_axes", path=path)
             for axis, shape, path in zip(call.in_axes, shapes, paths)]
