@@ -50,7 +50,7 @@ def normalize_by_psum():
 
 @functools.partial(tfspmd.pmap, axis_name="rows")
 @functools.partial(tfspmd.pmap, axis_name="cols")
-def _normalize(x):
+def normalize_rows_and_cols(x):
   row_normed = x / lax.psum(x, "rows")
   col_normed = x / lax.psum(x, "cols")
   doubly_normed = x / lax.psum(x, ("rows", "cols"))
@@ -59,7 +59,7 @@ def _normalize(x):
 
 def nested_normalize():
   """Nested pmaps over a 4 x 2 mesh of devices, with psum over each axis."""
-  return _normalize(tf.reshape(tf.range(8.), (4, 2)))
+  return normalize_rows_and_cols(tf.reshape(tf.range(8.), (4, 2)))
 
 
 def device_subsets():

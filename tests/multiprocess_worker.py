@@ -7,7 +7,6 @@ object of what the process saw. Timeouts come from `WORKER_INIT_TIMEOUT` and
 `WORKER_HEARTBEAT_TIMEOUT` (seconds).
 """
 
-import functools
 import json
 import os
 import sys
@@ -18,6 +17,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from examples import multiprocess_psum
+from examples import seed_examples
 import tfspmd
 from tfspmd import lax
 
@@ -74,17 +74,9 @@ def nested():
   _initialize()
   me = tfspmd.process_index()
 
-  @functools.partial(tfspmd.pmap, axis_name="rows")
-  @functools.partial(tfspmd.pmap, axis_name="cols")
-  def normalize(x):
-    row_normed = x / lax.psum(x, "rows")
-    col_normed = x / lax.psum(x, "cols")
-    doubly_normed = x / lax.psum(x, ("rows", "cols"))
-    return row_normed, col_normed, doubly_normed
-
   x = np.arange(8.0).reshape((4, 2))
   local = x[me:me + 1]
-  rows, cols, both = normalize(local)
+  rows, cols, both = seed_examples.normalize_rows_and_cols(local)
   index = tfspmd.pmap(tfspmd.pmap(
       lambda: lax.axis_index(("rows", "cols")), axis_name="cols",
       axis_size=2), axis_name="rows", axis_size=1)()
