@@ -97,16 +97,6 @@ class MappedArguments:
     self._leaf_axes.put(cache_key, specs)
     return specs
 
-  @staticmethod
-  def paths(args, static_positions, kwargs):
-    found = []
-    for i, arg in enumerate(args):
-      if i not in static_positions:
-        found += tree.leaf_paths(arg, f"args[{i}]")
-    for key in sorted(kwargs):
-      found += tree.leaf_paths(kwargs[key], f"kwargs[{key!r}]")
-    return found
-
   def mapped_size(self, axes, shapes, paths):
     """The size of the mapped axis, checked across the mapped leaves."""
     sizes = [(path, shape, axis, shape[axis])
@@ -140,20 +130,6 @@ class MappedArguments:
           f"least one position along the mapped axis (size >= 1).")
     return size
 
-  @staticmethod
-  def rebuilder(dynamic, kwargs, statics):
-    """Makes `rebuild(per_position_leaves) -> (args, kwargs)` for a call."""
-    _, treedef = tree.flatten((dynamic, kwargs))
-
-    def rebuild(per_position):
-      dynamic_values, kw = treedef.unflatten(per_position)
-      full = list(dynamic_values)
-      for position, value in statics:
-        full.insert(position, value)
-      return tuple(full), kw
-
-    return rebuild
-
 
 class BoundCall:
   """One call's arguments: static ones split off, the rest flattened.
@@ -183,8 +159,23 @@ class BoundCall:
   @functools.cached_property
   def paths(self):
     """The pytree path of each leaf, for messages (made on first use)."""
-    return MappedArguments.paths(self.args, self.static_positions, self.kwargs)
+    found = []
+    for i, arg in enumerate(self.args):
+      if i not in self.static_positions:
+        found += tree.leaf_paths(arg, f"args[{i}]")
+    for key in sorted(self.kwargs):
+      found += tree.leaf_paths(self.kwargs[key], f"kwargs[{key!r}]")
+    return found
 
   def rebuilder(self):
     """`rebuild(per_position_leaves) -> (args, kwargs)` for this call."""
-    return MappedArguments.rebuilder(self.dynamic, self.kwargs, self.statics)
+    treedef, statics = self.treedef, self.statics
+
+    def rebuild(per_position):
+      dynamic_values, kw = treedef.unflatten(per_position)
+      full = list(dynamic_values)
+      for position, value in statics:
+        full.insert(position, value)
+      return tuple(full), kw
+
+    return rebuild
