@@ -649,12 +649,37 @@ def _():
   P(lambda x: x + tf.random.uniform([3]), "i")(np.zeros((2, 3), np.float32))
 
 
-@case("cond-on-device-value", OPS,
-      "tf.cond on a value that differs between devices", ValueError,
-      r"uses the op DynamicPartition, .* pfor makes it from a tf.cond .*"
-      r"tf.where instead")
+@case("collective-in-diverging-cond", OPS,
+      "a psum in a tf.cond whose predicate differs between devices",
+      ValueError,
+      r"psum inside tf.cond whose predicate differs between the devices of "
+      r"the mapped axis: .* would not all reach the psum.*pmax or psum")
 def _():
-  P(lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: x, lambda: -x), "i")(
+  P(lambda x: tf.cond(tf.reduce_sum(x) > 0, lambda: lax.psum(x, "i"),
+                      lambda: x), "i")(np.zeros((2, 3), np.float32))
+
+
+@case("collective-in-diverging-loop", OPS,
+      "a pmean in a tf.while_loop whose condition differs between devices",
+      ValueError,
+      r"pmean inside tf.while_loop whose condition differs between the "
+      r"devices")
+def _():
+  P(lambda x: tf.while_loop(lambda k, v: k < lax.axis_index("i"),
+                            lambda k, v: (k + 1, lax.pmean(v, "i")),
+                            (0, x))[1], "i")(np.zeros((2, 3), np.float32))
+
+
+@case("loop-in-loop", OPS, "a tf.while_loop inside another loop's body",
+      ValueError,
+      r"inside the body of another loop in a mapped function: DTensor "
+      r"\(TF 2.21\) cannot place a loop nested in a loop")
+def _():
+  def outer(k, v):
+    inner = tf.while_loop(lambda j, w: j < 2, lambda j, w: (j + 1, w * 2.),
+                          (0, v))[1]
+    return k + 1, inner
+  P(lambda x: tf.while_loop(lambda k, v: k < 2, outer, (0, x))[1], "i")(
       np.zeros((2, 3), np.float32))
 
 

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
+from tfspmd._src import stacking
 from tfspmd._src import tree
 from tfspmd._src import vectorize
 
@@ -47,7 +48,7 @@ def map_steps(fun, steps, *, frame_template, inputs, in_axes, paths,
   carry_count = carry_treedef.num_leaves
   fronted = []
   for k, (value, axis, path) in enumerate(zip(inputs, in_axes, paths)):
-    moved = value if axis is None else vectorize.move_axis_to_front(value, axis)
+    moved = value if axis is None else stacking.move_axis_to_front(value, axis)
     if k >= carry_count:
       step_axis = 0 if axis is None else 1
       if moved.shape.rank <= step_axis or moved.shape[step_axis] != steps:
@@ -172,8 +173,8 @@ def _apply_out_axes(out_axes, values, carry_axes, first, size):
     rank = value.shape.rank + (0 if mapped else 1)
     axis = arguments.normalize_axis(spec, rank, spec_name="out_axes",
                                     path=path, what="output")
-    placed.append(vectorize.move_front_axis_to(value, axis) if mapped else
-                  vectorize.repeat_along_new_axis(value, axis, size))
+    placed.append(stacking.move_front_axis_to(value, axis) if mapped else
+                  stacking.repeat_along_new_axis(value, axis, size))
     resolved.append(axis)
   return vectorize.MappedResult(values=placed, out_axes=resolved,
                                 treedef=treedef, per_device=[None] * len(placed))

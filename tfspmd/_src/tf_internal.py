@@ -45,15 +45,29 @@ def _check_pfor_hooks():
 _check_pfor_hooks()
 
 
-def vectorize_loop(loop_fn, iterations):
-  """Runs pfor's conversion of `loop_fn(i)` in the graph being traced.
+def vectorize_loop(loop_fn, iterations, prepare):
+  """pfor's conversion of `loop_fn(i)` into the graph being traced.
 
-  `tf.vectorized_map` wraps the loop in a nested `tf.function` under XLA; the
-  caller here is always already tracing one, so the loop is converted in
-  place and no function call is left in the program.
+  `tf.vectorized_map` traces `loop_fn` into the caller's graph, where its
+  per-position ops stay behind, dead, beside their conversion, with every
+  function they call (a loop body, a `tf.function`). DTensor lays out the
+  functions of a program even when nothing calls them, and fails on many
+  (TF 2.21). So `loop_fn` is traced in a graph of its own, and only its
+  vectorized form enters the caller's graph. `prepare` is as for
+  `convert_graph_inline`.
   """
-  return _pfor_ops._pfor_impl(  # pylint: disable=protected-access
-      loop_fn, iterations, fallback_to_while_loop=False)
+  from tensorflow.python.framework import func_graph  # pylint: disable=g-import-not-at-top
+  per_position = func_graph.FuncGraph("tfspmd_per_device")
+  with per_position.as_default():
+    loop_var = tf.compat.v1.placeholder_with_default(0, shape=[])
+    outputs = [tf.convert_to_tensor(t) for t in loop_fn(loop_var)]
+  conversion = Conversion(_pfor.PFor(
+      loop_var, iterations, per_position.get_operations(),
+      fallback_to_while_loop=False), iterations)
+  for external, internal in per_position.captures:
+    conversion.define(internal, ConvertedValue(external, False))
+  prepare(conversion, per_position.get_operations())
+  return [stacked(conversion.convert(t), iterations) for t in outputs]
 
 
 def unvectorizable_op(error):
@@ -150,3 +164,116 @@ def tape_may_record(tensors):
 def tape_active():
   """True if any GradientTape is recording."""
   return _record.could_possibly_record()
+
+
+class ConvertedValue:
+  """What pfor made of one tensor: `tensor`, stacked along the loop or not."""
+
+  def __init__(self, tensor, stacked):
+    self.tensor = tensor
+    self.stacked = stacked
+
+
+def function_graph(operation, attr):
+  """The FuncGraph of the function attribute `attr` of `operation`.
+
+  `attr` names one function (While's "body") or, with an index, one of a
+  list (`("branches", 2)` of a Case).
+  """
+  if isinstance(attr, tuple):
+    name = operation.get_attr(attr[0])[attr[1]].name
+  else:
+    name = operation.get_attr(attr).name
+  return operation.graph._get_function(name).graph  # pylint: disable=protected-access
+
+
+def pfor_inputs(pfor_input):
+  """The converted inputs of the op being converted, as `ConvertedValue`s."""
+  return [ConvertedValue(pfor_input.input(k).t, pfor_input.input(k).is_stacked)
+          for k in range(pfor_input.num_inputs)]
+
+
+def pfor_loop_size(pfor_input):
+  """The number of loop positions pfor is converting, as a Python int."""
+  return int(tf.get_static_value(pfor_input.pfor.loop_len_vector)[0])
+
+
+class Conversion:
+  """One pfor conversion of a graph's ops into the graph being built."""
+
+  def __init__(self, converter, size):
+    self._converter = converter
+    self.size = size
+
+  def convert(self, tensor):
+    """The `ConvertedValue` of `tensor`, converting what it depends on."""
+    found = self._converter._convert_helper(tensor)  # pylint: disable=protected-access
+    return ConvertedValue(found.t, found.is_stacked)
+
+  def define(self, tensor, value):
+    """Makes `value` (a `ConvertedValue`) the conversion of `tensor`."""
+    self._converter._add_conversion(  # pylint: disable=protected-access
+        tensor, _pfor.wrap(value.tensor, value.stacked))
+
+  def apply(self, operation, converter):
+    """Runs `converter(pfor_input)` for `operation` as pfor would."""
+    inputs = [self._converter._convert_helper(t) for t in operation.inputs]  # pylint: disable=protected-access
+    pfor_input = _pfor._PforInput(self._converter, operation, inputs)  # pylint: disable=protected-access
+    return [ConvertedValue(w.t, w.is_stacked) for w in converter(pfor_input)]
+
+
+def convert_graph_inline(pfor_input, graph, inputs, prepare):
+  """Vectorizes the ops of a function graph into the graph being built.
+
+  pfor's own converters of function-calling ops (While, If, a call) wrap
+  the converted body in a nested `tf.function`; DTensor cannot place many
+  of those. This converts the body's ops in place instead, in the same
+  pfor loop as `pfor_input`'s op.
+
+  Args:
+    pfor_input: The `_PforInput` of the op that calls `graph`.
+    graph: The FuncGraph, whose inputs are fed `inputs`.
+    inputs: One `ConvertedValue` per `graph.inputs`.
+    prepare: `prepare(conversion, operations)`, run before the outputs are
+      converted, may define the conversion of some of `graph`'s tensors.
+
+  Returns:
+    One `ConvertedValue` per output of `graph`.
+  """
+  outer = pfor_input.pfor
+  size = pfor_loop_size(pfor_input)
+  conversion = Conversion(_pfor.PFor(
+      loop_var=outer.loop_var, loop_len=size,
+      pfor_ops=graph.get_operations(), fallback_to_while_loop=False,
+      all_indices=outer.all_indices,
+      all_indices_partitioned=outer.all_indices_partitioned,
+      pfor_config=outer.pfor_config), size)
+  for placeholder, value in zip(graph.inputs, inputs):
+    conversion.define(placeholder, value)
+  prepare(conversion, graph.get_operations())
+  return [conversion.convert(tensor) for tensor in graph.outputs]
+
+
+def stacked(value, size):
+  """`value.tensor` with the loop axis in front, repeated if unstacked."""
+  if value.stacked:
+    return value.tensor
+  return _pfor._stack(value.tensor, [size]).t  # pylint: disable=protected-access
+
+
+def scratch_graph():
+  """A throw-away function graph to trace into (captures outer tensors)."""
+  from tensorflow.python.framework import func_graph  # pylint: disable=g-import-not-at-top
+  return func_graph.FuncGraph("tfspmd_scratch").as_default()
+
+
+def inside_loop_body():
+  """True while a `tf.while_loop`'s condition or body is being traced."""
+  from tensorflow.python.ops import control_flow_v2_func_graphs  # pylint: disable=g-import-not-at-top
+  graph = tf.compat.v1.get_default_graph()
+  while graph is not None:
+    if isinstance(graph, (control_flow_v2_func_graphs.WhileBodyFuncGraph,
+                          control_flow_v2_func_graphs.WhileCondFuncGraph)):
+      return True
+    graph = getattr(graph, "outer_graph", None)
+  return False

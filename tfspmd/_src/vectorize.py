@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
-from tfspmd._src import conv_gradients
-from tfspmd._src import new_axis
+from tfspmd._src import control_flow
+from tfspmd._src import stacking
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
 
@@ -38,42 +38,6 @@ class MappedResult:
   per_device: list
 
 
-def move_axis_to_front(value, axis):
-  if axis == 0:
-    return value
-  rank = value.shape.rank
-  return tf.transpose(value, [axis] + [a for a in range(rank) if a != axis])
-
-
-def move_front_axis_to(value, axis):
-  if axis == 0:
-    return value
-  rank = value.shape.rank
-  order = list(range(1, rank))
-  order.insert(axis, 0)
-  return tf.transpose(value, order)
-
-
-def repeat_along_new_axis(value, axis, size):
-  """`value` repeated `size` times along a new axis at `axis`.
-
-  A broadcasting multiply rather than `tf.tile`: DTensor's SPMD expansion of
-  Tile gives wrong values when the tiled axis is then split over a mesh
-  dimension another tensor axis was split over (TF 2.21, a 2 x 4 mesh).
-  """
-  expanded = tf.expand_dims(value, axis)
-  shape = [1] * expanded.shape.rank
-  shape[axis] = size
-  if value.dtype == tf.bool:
-    return tf.logical_and(tf.ones(shape, tf.bool), expanded)
-  if value.dtype == tf.uint64:
-    # The multiply may be where DTensor gathers `value`, and its collectives
-    # refuse uint64 (TF 2.21): multiply the same bits as int64.
-    repeated = tf.ones(shape, tf.int64) * tf.cast(expanded, tf.int64)
-    return tf.cast(repeated, tf.uint64)
-  return tf.ones(shape, value.dtype) * expanded
-
-
 def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
                   out_axes, on_slice=None):
   """Traces `fun` once per position of one axis, vectorized by pfor.
@@ -92,7 +56,7 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
     A `MappedResult`.
   """
   axis_name, size, mesh_dim = frame_template
-  fronted = [None if axis is None else move_axis_to_front(value, axis)
+  fronted = [None if axis is None else stacking.move_axis_to_front(value, axis)
              for value, axis in zip(inputs, in_axes)]
   invariant = {}
   varying = []
@@ -117,8 +81,7 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       result = fun(*args, **kwargs)
       # pfor's own converters for these give what DTensor cannot expand.
       new_ops = graph.get_operations()[first_op:]
-      conv_gradients.mark(new_ops)
-      new_axis.mark_slices(new_ops)
+      control_flow.mark(new_ops)
       leaves, treedef = tree.flatten(result)
       outputs = [output_tensor(leaf, path) for leaf, path in zip(
           leaves, tree.leaf_paths(result, "output"))]
@@ -129,7 +92,8 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
               for k, value in enumerate(outputs)]
 
   try:
-    stacked = tf_internal.vectorize_loop(loop_fn, size)
+    stacked = tf_internal.vectorize_loop(loop_fn, size,
+                                           control_flow.prepare)
   except ValueError as e:
     found = tf_internal.unvectorizable_op(e)
     if found is None:
@@ -149,9 +113,9 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
     if spec is None:
       values.append(invariant[k])
     elif k in invariant:
-      values.append(repeat_along_new_axis(invariant[k], spec, size))
+      values.append(stacking.repeat_along_new_axis(invariant[k], spec, size))
     else:
-      values.append(move_front_axis_to(stacked[k], spec))
+      values.append(stacking.move_front_axis_to(stacked[k], spec))
   return MappedResult(values=values, out_axes=traced["specs"],
                       treedef=traced["treedef"], per_device=traced["outputs"])
 

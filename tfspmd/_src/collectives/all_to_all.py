@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from tfspmd._src import axis_env
 from tfspmd._src import tf_internal
-from tfspmd._src import vectorize
+from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
 
@@ -24,7 +24,7 @@ def _all_to_all_step(split_axis, concat_axis, tiled, recorded):
   def step(tensor, stacked, frame, batch_dims):
     size = frame.size
     if not stacked:
-      tensor = vectorize.repeat_along_new_axis(tensor, 0, size)
+      tensor = stacking.repeat_along_new_axis(tensor, 0, size)
     # tensor: [source j, batch dims, per-device dims].
     split = 1 + batch_dims + split_axis
     concat = 1 + batch_dims + concat_axis
@@ -61,7 +61,7 @@ def _exchange(tensor, split, recorded):
   state = axis_env.trace_state()
   if (not recorded and tensor.dtype in _ALL_TO_ALL_DTYPES and
       state is not None and len(state.mesh_axes) == 1):
-    return vectorize.move_axis_to_front(tensor, split)
+    return stacking.move_axis_to_front(tensor, split)
   size = tensor.shape[0]
   blocks_second = _move_axis(tensor, split, 1)
   pairs = np.stack(np.meshgrid(np.arange(size), np.arange(size),

@@ -11,7 +11,7 @@ each).
 import tensorflow as tf
 
 from tfspmd._src import axis_env
-from tfspmd._src import vectorize
+from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
 
@@ -20,9 +20,9 @@ def _gather_step(axis, tiled):
   def step(tensor, stacked, frame, batch_dims):
     position = batch_dims + axis
     if stacked:
-      gathered = vectorize.move_front_axis_to(tensor, position)
+      gathered = stacking.move_front_axis_to(tensor, position)
     else:
-      gathered = vectorize.repeat_along_new_axis(tensor, position, frame.size)
+      gathered = stacking.repeat_along_new_axis(tensor, position, frame.size)
     if tiled:
       gathered = _merge_with_next(gathered, position)
     return gathered, False
@@ -44,7 +44,7 @@ def _scatter_step(dimension, tiled):
       shape = total.shape.as_list()
       total = tf.reshape(total, shape[:position] + [
           frame.size, shape[position] // frame.size] + shape[position + 1:])
-    return vectorize.move_axis_to_front(total, position), True
+    return stacking.move_axis_to_front(total, position), True
   return step
 
 

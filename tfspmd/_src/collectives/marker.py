@@ -27,8 +27,9 @@ import math
 import tensorflow as tf
 
 from tfspmd._src import axis_env
+from tfspmd._src import control_flow
 from tfspmd._src import tf_internal
-from tfspmd._src import vectorize
+from tfspmd._src import stacking
 from tfspmd._src.debug import exchange as debug_exchange
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
@@ -144,6 +145,7 @@ def _emit(value, chain, collective, result_shape, levels):
         pfor_input.input(k) for k in range(1, pfor_input.num_inputs)]
 
   tf_internal.set_pfor_converter(outputs[0].op, convert)
+  setattr(outputs[0].op, control_flow.COLLECTIVE_ATTRIBUTE, collective.function)
   return outputs[0]
 
 
@@ -191,7 +193,7 @@ def _convert_level(tensor, stacked, frame, collective, levels, outermost):
     tensor, stacked = collective.step(tensor, stacked, frame, len(levels))
     return tensor, stacked, stacked
   if not stacked:
-    tensor = vectorize.repeat_along_new_axis(tensor, 0, frame.size)
+    tensor = stacking.repeat_along_new_axis(tensor, 0, frame.size)
   if outermost:
     tensor = _joint_step(tensor, (frame,) + levels, collective)
     return tensor, collective.varies, collective.varies

@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfspmd._src import axis_env
-from tfspmd._src import vectorize
+from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
 
@@ -49,7 +49,7 @@ def _permute_step(pairs):
     for source, destination in pairs:
       source_of[destination] = source
     if not stacked:
-      tensor = vectorize.repeat_along_new_axis(tensor, 0, size)
+      tensor = stacking.repeat_along_new_axis(tensor, 0, size)
     moved = tf.gather(tensor, np.maximum(source_of, 0).astype(np.int32))
     if (source_of >= 0).all():
       return moved, True

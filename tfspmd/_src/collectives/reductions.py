@@ -21,9 +21,9 @@ def _sum_step(tensor, stacked, frame, _):
   return tensor * tf.cast(frame.size, tensor.dtype), False
 
 
-def _psum_leaf(value, targets):
+def _psum_leaf(value, targets, function="psum"):
   return marker.with_transpose(
-      value, targets, _sum_step, "psum",
+      value, targets, _sum_step, function,
       lambda cotangent: _psum_leaf(cotangent, targets),
       transpose_step=_sum_step)
 
@@ -68,7 +68,7 @@ def pmean(x, axis_name):
     count *= frame.size
 
   def mean(leaf):
-    total = checks.as_int64(lambda v: _psum_leaf(v, targets), leaf)
+    total = checks.as_int64(lambda v: _psum_leaf(v, targets, "pmean"), leaf)
     if total.dtype.is_integer:
       return tf.cast(total, tf.float32) / count
     return total / tf.cast(count, total.dtype)

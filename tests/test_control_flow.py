@@ -1,0 +1,309 @@
+"""Loops and conditionals around collectives inside the mapped function.
+
+Each expectation is NumPy arithmetic written here, device by device.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfspmd
+from tfspmd import lax
+
+N = 8
+
+
+def data(*shape, seed=0):
+  return np.random.default_rng(seed).standard_normal((N,) + shape).astype(
+      np.float32)
+
+
+def run(fun, *args, debug=False, **kwargs):
+  out = tfspmd.pmap(fun, "i", debug=debug, **kwargs)(*args)
+  return tf.nest.map_structure(np.asarray, out)
+
+
+def test_psum_of_the_carry_in_a_while_loop():
+  x = data(3)
+  out = run(lambda v: tf.while_loop(
+      lambda k, c: k < 3, lambda k, c: (k + 1, lax.psum(c, "i")), (0, v))[1], x)
+  np.testing.assert_allclose(out, np.broadcast_to(x.sum(0) * N * N, x.shape),
+                             rtol=1e-5)
+
+
+def test_ring_all_reduce_with_ppermute_in_a_loop():
+  x = data(4)
+  ring = [(k, (k + 1) % N) for k in range(N)]
+
+  def ring_sum(v):
+    def step(k, total, passing):
+      passing = lax.ppermute(passing, "i", ring)
+      return k + 1, total + passing, passing
+    return tf.while_loop(lambda k, *_: k < N - 1, step, (0, v, v))[1]
+
+  np.testing.assert_allclose(run(ring_sum, x),
+                             np.broadcast_to(x.sum(0), x.shape), rtol=1e-5)
+
+
+def _jacobi_numpy(a, b, tol):
+  x = np.zeros_like(b)
+  steps = 0
+  while np.sum((a @ x - b) ** 2) >= tol:
+    x = x + (b - a @ x) / np.diag(a)
+    steps += 1
+  return x, steps
+
+
+def test_jacobi_solver_stops_on_a_psum_of_the_residual():
+  rng = np.random.default_rng(1)
+  size = N * 2
+  a = rng.standard_normal((size, size)).astype(np.float32) * 0.1
+  a += np.diag(np.full(size, 4.0, np.float32))
+  b = rng.standard_normal(size).astype(np.float32)
+  tol = 1e-8
+  expected_x, expected_steps = _jacobi_numpy(a.astype(np.float64),
+                                             b.astype(np.float64), tol)
+
+  def solve(rows, rhs, diagonal):
+    # Each device owns two rows of A and the matching entries of x.
+    def residual(x_local):
+      x_full = tf.reshape(lax.all_gather(x_local, "i"), [-1])
+      return tf.linalg.matvec(rows, x_full) - rhs
+
+    def not_done(k, x_local):
+      return lax.psum(tf.reduce_sum(residual(x_local) ** 2), "i") >= tol
+
+    def step(k, x_local):
+      return k + 1, x_local - residual(x_local) / diagonal
+
+    return tf.while_loop(not_done, step, (0, tf.zeros_like(rhs)))
+
+  steps, x = run(solve, a.reshape(N, 2, size), b.reshape(N, 2),
+                 np.diag(a).reshape(N, 2).copy())
+  np.testing.assert_array_equal(steps, np.full(N, expected_steps))
+  np.testing.assert_allclose(x.reshape(-1), expected_x, atol=1e-5)
+
+
+def _wave_numpy(u, v, steps, c2):
+  for _ in range(steps):
+    lap = np.roll(u, 1) + np.roll(u, -1) - 2 * u
+    v = v + c2 * lap
+    u = u + v
+  return u
+
+
+def test_wave_equation_with_halo_exchange_over_slices_of_the_state():
+  cells = 6
+  grid = np.linspace(0, 2 * np.pi, N * cells, endpoint=False)
+  u0 = np.sin(grid).astype(np.float32)
+  v0 = np.zeros_like(u0)
+  steps, c2 = 20, 0.1
+  right = [(k, (k + 1) % N) for k in range(N)]
+  left = [(k, (k - 1) % N) for k in range(N)]
+
+  def simulate(u, v):
+    def step(k, u, v):
+      from_left = lax.ppermute(u[-1:], "i", right)
+      from_right = lax.ppermute(u[:1], "i", left)
+      padded = tf.concat([from_left, u, from_right], 0)
+      lap = padded[:-2] + padded[2:] - 2 * u
+      v = v + c2 * lap
+      return k + 1, u + v, v
+    return tf.while_loop(lambda k, *_: k < steps, step, (0, u, v))[1]
+
+  out = run(simulate, u0.reshape(N, cells), v0.reshape(N, cells))
+  np.testing.assert_allclose(out.reshape(-1), _wave_numpy(
+      u0.astype(np.float64), v0.astype(np.float64), steps, c2), atol=1e-4)
+
+
+def test_scan_with_a_psum_in_its_body():
+  x = data(5, 3)
+  out = run(lambda v: tf.scan(lambda c, e: c + lax.psum(e, "i"), v), x)
+  # Without an initializer, scan starts from the first element as it is.
+  later = np.cumsum(x.sum(0)[1:], axis=0)
+  expected = x[:, :1] + np.concatenate([np.zeros((1, 3)), later])[None]
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fold", [tf.foldl, tf.foldr])
+def test_fold_adds_axis_index(fold):
+  x = data(4)
+  out = run(lambda v: fold(
+      lambda c, e: c + e + tf.cast(lax.axis_index("i"), tf.float32), v,
+      initializer=tf.constant(0.)), x)
+  np.testing.assert_allclose(out, x.sum(1) + 4 * np.arange(N), rtol=1e-5)
+
+
+def test_map_fn_with_a_pmean():
+  x = data(3, 2)
+  out = run(lambda v: tf.map_fn(lambda row: lax.pmean(row, "i") * 2., v), x)
+  np.testing.assert_allclose(out, np.broadcast_to(x.mean(0) * 2, x.shape),
+                             rtol=1e-5)
+
+
+def test_tensor_array_written_in_a_loop():
+  x = data(3)
+
+  def powers(v):
+    def body(k, acc, out):
+      acc = acc * v
+      return k + 1, acc, out.write(k, lax.psum(acc, "i"))
+    out = tf.TensorArray(tf.float32, size=3)
+    return tf.while_loop(lambda k, *_: k < 3, body,
+                         (0, tf.ones_like(v), out))[2].stack()
+
+  expected = np.stack([(x ** p).sum(0) for p in (1, 2, 3)])
+  np.testing.assert_allclose(run(powers, x),
+                             np.broadcast_to(expected, (N, 3, 3)), rtol=1e-4)
+
+
+def test_cond_with_the_same_predicate_everywhere_around_a_psum():
+  x = data(3)
+  f = lambda v, flag: tf.cond(flag > 0, lambda: lax.psum(v, "i"), lambda: v)
+  taken = run(f, x, np.float32(1.), in_axes=(0, None))
+  skipped = run(f, x, np.float32(-1.), in_axes=(0, None))
+  np.testing.assert_allclose(taken, np.broadcast_to(x.sum(0), x.shape),
+                             rtol=1e-5)
+  np.testing.assert_array_equal(skipped, x)
+
+
+def test_cond_on_a_psum_predicate():
+  x = data(3)
+  out = run(lambda v: tf.cond(lax.psum(tf.reduce_sum(v), "i") > 0,
+                              lambda: lax.pmax(v, "i"), lambda: lax.pmin(v, "i")),
+            x)
+  expected = x.max(0) if x.sum() > 0 else x.min(0)
+  np.testing.assert_array_equal(out, np.broadcast_to(expected, x.shape))
+
+
+def test_cond_per_device_takes_each_devices_branch():
+  x = data(3)
+  out = run(lambda v: tf.cond(tf.reduce_sum(v) > 0, lambda: v * 10., lambda: -v),
+            x)
+  expected = np.where(x.sum(1, keepdims=True) > 0, x * 10, -x)
+  np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+def test_switch_case_per_device_and_out_of_range():
+  x = data(2)
+
+  def f(v):
+    index = lax.axis_index("i") - 1  # -1 and 7 are out of range: last branch
+    return tf.switch_case(index, [lambda: v, lambda: v * 2., lambda: v * 3.])
+
+  scale = np.array([3, 1, 2, 3, 3, 3, 3, 3], np.float32)[:, None]
+  np.testing.assert_allclose(run(f, x), x * scale, rtol=1e-6)
+
+
+def test_tf_case_with_the_same_predicate_everywhere():
+  x = data(2)
+  out = run(lambda v, t: tf.case([(t < 0., lambda: -v), (t < 1., lambda: v * 5.)],
+                                 default=lambda: v), x, np.float32(0.5),
+            in_axes=(0, None))
+  np.testing.assert_allclose(out, x * 5, rtol=1e-6)
+
+
+def test_while_with_a_trip_count_per_device():
+  x = data(2)
+  out = run(lambda v: tf.while_loop(
+      lambda k, c: k < lax.axis_index("i"), lambda k, c: (k + 1, c * 2.),
+      (0, v)), x)
+  np.testing.assert_array_equal(out[0], np.arange(N))
+  np.testing.assert_allclose(out[1], x * (2. ** np.arange(N))[:, None],
+                             rtol=1e-6)
+
+
+def test_while_condition_per_device_on_the_state():
+  x = np.abs(data(1)) + 1.
+
+  def halvings(v):
+    return tf.while_loop(lambda k, c: tf.reduce_sum(c) > 0.1,
+                         lambda k, c: (k + 1, c / 2.), (0, v))[0]
+
+  expected = [int(np.ceil(np.log2(float(v[0]) / 0.1))) for v in x]
+  np.testing.assert_array_equal(run(halvings, x), expected)
+
+
+def test_tf_function_with_a_collective_called_in_a_loop():
+  x = data(3)
+
+  @tf.function
+  def smooth(c):
+    return lax.pmean(c, "i") + 1.
+
+  out = run(lambda v: tf.while_loop(lambda k, c: k < 2,
+                                    lambda k, c: (k + 1, smooth(c)), (0, v))[1],
+            x)
+  np.testing.assert_allclose(out, np.broadcast_to(x.mean(0) + 2., x.shape),
+                             rtol=1e-5)
+
+
+def test_collective_over_the_outer_axis_in_a_loop_of_the_inner_pmap():
+  x = np.arange(2 * 4 * 3, dtype=np.float32).reshape(2, 4, 3)
+
+  def inner(v):
+    return tf.while_loop(lambda k, c: k < 2,
+                         lambda k, c: (k + 1, lax.psum(c, "rows") + 1.),
+                         (0, v))[1]
+
+  out = np.asarray(tfspmd.pmap(tfspmd.pmap(inner, "cols"), "rows")(x))
+  once = x.sum(0, keepdims=True) + 1.
+  expected = np.broadcast_to(2 * once + 1., x.shape)
+  np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+def test_loop_with_a_collective_under_vmap():
+  x = data(3)
+  out = np.asarray(tfspmd.vmap(lambda v: tf.while_loop(
+      lambda k, c: k < 2, lambda k, c: (k + 1, lax.psum(c, "v")), (0, v))[1],
+                               axis_name="v")(x))
+  np.testing.assert_allclose(out, np.broadcast_to(x.sum(0) * N, x.shape),
+                             rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["scan", "cond_per_device", "while_per_device",
+                                  "ring"])
+def test_debug_mode_gives_the_compiled_numbers(name):
+  x = data(3)
+  ring = [(k, (k + 1) % N) for k in range(N)]
+  programs = {
+      "scan": lambda v: tf.scan(lambda c, e: c + lax.psum(e, "i"), v),
+      "cond_per_device": lambda v: tf.cond(
+          tf.reduce_sum(v) > 0, lambda: v * 10., lambda: -v),
+      "while_per_device": lambda v: tf.while_loop(
+          lambda k, c: k < lax.axis_index("i"), lambda k, c: (k + 1, c + 1.),
+          (0, v))[1],
+      "ring": lambda v: tf.while_loop(
+          lambda k, c: k < 3, lambda k, c: (k + 1, lax.ppermute(c, "i", ring)),
+          (0, v))[1],
+  }
+  np.testing.assert_allclose(run(programs[name], x),
+                             run(programs[name], x, debug=True), rtol=1e-6)
+
+
+def test_gradient_through_a_cond_with_a_psum():
+  x = data(3)
+
+  def grad(v):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      y = tf.cond(tf.constant(True), lambda: lax.psum(v * v, "i"), lambda: v)
+      loss = tf.reduce_sum(y)
+    return tape.gradient(loss, v)
+
+  # d/dv_i of sum_j sum_k v_k^2 (the same on all N devices) = N * 2 v_i.
+  np.testing.assert_allclose(run(grad, x), 2. * N * x, rtol=1e-5)
+
+
+def test_gradient_through_a_per_device_cond():
+  x = data(3)
+
+  def grad(v):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      y = tf.cond(tf.reduce_sum(v) > 0, lambda: v * v, lambda: 3. * v)
+      loss = tf.reduce_sum(y)
+    return tape.gradient(loss, v)
+
+  expected = np.where(x.sum(1, keepdims=True) > 0, 2. * x, 3.)
+  np.testing.assert_allclose(run(grad, x), expected, rtol=1e-6)

@@ -1,0 +1,323 @@
+"""Loops, conditionals and function calls inside the per-device program.
+
+pfor's own converters for `While`, `If`, `Case` and function calls wrap the
+converted body in a nested `tf.function`, split a per-device predicate into
+the positions that take each branch (`DynamicPartition`, `DynamicStitch`),
+and give the loop state dynamic shapes. DTensor can place none of those
+(TF 2.21), so the converters here vectorize the same ops as jax.vmap does:
+
+* A loop whose predicate is the same on every device is one `tf.while_loop`
+  over the stacked state, with static shapes and the body's ops converted
+  in place.
+* A loop whose predicate differs between devices runs until every device
+  is done; a device that is done keeps its state unchanged (a select), as
+  JAX's batched while.
+* A conditional computes its branches and selects each device's result:
+  `tf.cond`, `tf.switch_case` and `tf.case` with a per-device predicate or
+  branch index, and with one the same everywhere (whose other branches
+  then cost compute, not correctness).
+* A call of a `tf.function` is inlined.
+
+A collective needs every device of its axes to reach it. Where the devices
+of a loop or conditional may go different ways, a collective inside it is
+an error at trace time that names both, as the devices would not meet
+under jax.pmap either.
+"""
+
+import tensorflow as tf
+
+from tfspmd._src import conv_gradients
+from tfspmd._src import new_axis
+from tfspmd._src import stacking
+from tfspmd._src import tensor_lists
+from tfspmd._src import tf_internal
+
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
+_WHILE = ("While", "StatelessWhile")
+_IF = ("If", "StatelessIf")
+_CASE = ("Case", "StatelessCase")
+_CALL = ("PartitionedCall", "StatefulPartitionedCall")
+
+# Marker ops of collectives carry this attribute: the collective's name.
+COLLECTIVE_ATTRIBUTE = "_tfspmd_collective"
+
+
+def mark(operations):
+  """Gives `operations`, and the ops of the functions they call, our converters."""
+  conv_gradients.mark(operations)
+  new_axis.mark_slices(operations)
+  for operation in operations:
+    converter = _CONVERTERS.get(operation.type)
+    if converter is None:
+      continue
+    tf_internal.set_pfor_converter(operation, converter)
+    for graph in _called_graphs(operation):
+      mark(graph.get_operations())
+
+
+def _called_graphs(operation):
+  kind = operation.type
+  if kind in _WHILE:
+    return [tf_internal.function_graph(operation, "cond"),
+            tf_internal.function_graph(operation, "body")]
+  if kind in _IF:
+    return [tf_internal.function_graph(operation, "then_branch"),
+            tf_internal.function_graph(operation, "else_branch")]
+  if kind in _CASE:
+    return [tf_internal.function_graph(operation, ("branches", k))
+            for k in range(len(operation.get_attr("branches")))]
+  return [tf_internal.function_graph(operation, "f")]
+
+
+def _collectives_in(graphs):
+  """The name of the first collective in `graphs` (or called from them)."""
+  for graph in graphs:
+    for operation in graph.get_operations():
+      name = getattr(operation, COLLECTIVE_ATTRIBUTE, None)
+      if name is not None:
+        return name
+      if operation.type in _CONVERTERS:
+        found = _collectives_in(_called_graphs(operation))
+        if found is not None:
+          return found
+  return None
+
+
+def _diverging_collective_error(collective, construct, chooser):
+  return ValueError(
+      f"{collective} inside {construct} whose {chooser} differs between the "
+      f"devices of the mapped axis: devices that go different ways would not "
+      f"all reach the {collective}, so they cannot meet there (under jax.pmap "
+      f"they would not either). Compute the {collective} outside the "
+      f"{construct} and pass its result in, or make the {chooser} the same on "
+      f"every device (for example from a pmax or psum of the per-device one).")
+
+
+def _repeat(value, size):
+  if value.stacked:
+    return value.tensor
+  return stacking.repeat_along_new_axis(value.tensor, 0, size)
+
+
+def _select(predicate, on_true, on_false):
+  """Per-position `predicate ? on_true : on_false` over the stacked axis."""
+  shape = [-1] + [1] * (on_true.shape.rank - 1)
+  return tf.where(tf.reshape(predicate, shape), on_true, on_false)
+
+
+def prepare(conversion, operations):
+  """Defines the TensorArrays among `operations` as dense tensors."""
+  tensor_lists.densify(conversion, operations, _convert_while)
+
+
+# --- calls -------------------------------------------------------------------
+
+
+@_do_not_convert
+def _convert_call(pfor_input):
+  graph = tf_internal.function_graph(pfor_input.op, "f")
+  converted = tf_internal.convert_graph_inline(
+      pfor_input, graph, tf_internal.pfor_inputs(pfor_input), prepare)
+  return [tf_internal.wrap_converted(v.tensor, v.stacked) for v in converted]
+
+
+# --- conditionals ------------------------------------------------------------
+
+
+def _branch_outputs(pfor_input, graphs, inputs):
+  return [tf_internal.convert_graph_inline(pfor_input, graph, inputs, prepare)
+          for graph in graphs]
+
+
+def _merge_branches(pfor_input, chosen, branch_outputs, chooser_stacked):
+  """Each output: the branch `chosen[k]` (a bool per branch) picks.
+
+  A predicate the same everywhere is broadcast to the value's shape first:
+  DTensor's layout propagation of a select with a scalar predicate crashes
+  the process (TF 2.21).
+  """
+  size = tf_internal.pfor_loop_size(pfor_input)
+  merged = []
+  for outputs in zip(*branch_outputs):
+    stacked = chooser_stacked or any(v.stacked for v in outputs)
+    values = [_repeat(v, size) if stacked else v.tensor for v in outputs]
+    result = values[-1]
+    for picks, value in reversed(list(zip(chosen[:-1], values[:-1]))):
+      if chooser_stacked:
+        result = _select(picks, value, result)
+      else:
+        everywhere = tf.logical_and(tf.ones(tf.shape(value), tf.bool), picks)
+        result = tf.where(everywhere, value, result)
+    merged.append(tf_internal.wrap_converted(result, stacked))
+  return merged
+
+
+@_do_not_convert
+def _convert_if(pfor_input):
+  values = tf_internal.pfor_inputs(pfor_input)
+  predicate = values[0]
+  graphs = [tf_internal.function_graph(pfor_input.op, "then_branch"),
+            tf_internal.function_graph(pfor_input.op, "else_branch")]
+  if predicate.stacked:
+    found = _collectives_in(graphs)
+    if found is not None:
+      raise _diverging_collective_error(found, "tf.cond", "predicate")
+  truth = tf.cast(predicate.tensor, tf.bool)
+  outputs = _branch_outputs(pfor_input, graphs, values[1:])
+  return _merge_branches(pfor_input, [truth, tf.logical_not(truth)], outputs,
+                         predicate.stacked)
+
+
+@_do_not_convert
+def _convert_case(pfor_input):
+  values = tf_internal.pfor_inputs(pfor_input)
+  index = values[0]
+  count = len(pfor_input.op.get_attr("branches"))
+  graphs = [tf_internal.function_graph(pfor_input.op, ("branches", k))
+            for k in range(count)]
+  if index.stacked:
+    found = _collectives_in(graphs)
+    if found is not None:
+      raise _diverging_collective_error(
+          found, "tf.switch_case (or tf.case)", "branch index")
+  # An index out of range takes the last branch, as the Case op does.
+  chosen = [tf.equal(index.tensor, k) for k in range(count - 1)]
+  chosen.append(tf.logical_not(tf.reduce_any(
+      tf.stack(chosen, axis=-1), axis=-1)) if chosen else tf.constant(True))
+  outputs = _branch_outputs(pfor_input, graphs, values[1:])
+  return _merge_branches(pfor_input, chosen, outputs, index.stacked)
+
+
+# --- loops -------------------------------------------------------------------
+
+
+def _loop_stacking(pfor_input, cond_graph, body_graph, values):
+  """Which loop variables must be stacked, and whether the predicate is.
+
+  A variable that enters the same on every device may leave a body pass
+  different on each (it adds axis_index, or a per-device input): it is
+  then stacked from the start, and the body converted again, until nothing
+  changes (pfor's own loop converter iterates the same way). Once the
+  predicate is per-device, every variable the body changes is too.
+  The conversions happen in a scratch graph that is thrown away.
+  """
+  stacked = [v.stacked for v in values]
+  size = tf_internal.pfor_loop_size(pfor_input)
+  while True:
+    with tf_internal.scratch_graph():
+      inputs = [tf_internal.ConvertedValue(
+          _repeat(v, size) if s else v.tensor, s)
+                for v, s in zip(values, stacked)]
+      predicate = tf_internal.convert_graph_inline(
+          pfor_input, cond_graph, inputs, prepare)[0]
+      outputs = tf_internal.convert_graph_inline(pfor_input, body_graph,
+                                                 inputs, prepare)
+    changed = False
+    for k, output in enumerate(outputs):
+      through = body_graph.outputs[k] is body_graph.inputs[k]
+      want = output.stacked or (predicate.stacked and not through)
+      if want and not stacked[k]:
+        stacked[k] = True
+        changed = True
+    if not changed:
+      return stacked, predicate.stacked
+
+
+@_do_not_convert
+def _convert_while(pfor_input):
+  operation = pfor_input.op
+  if tf_internal.inside_loop_body():
+    raise ValueError(
+        "a tf.while_loop (or tf.scan, tf.foldl, tf.map_fn, ...) inside the "
+        "body of another loop in a mapped function: DTensor (TF 2.21) cannot "
+        "place a loop nested in a loop. Unroll one of them with a Python for "
+        "loop (its trip count must be known when tracing), or merge them "
+        "into one loop over the product of their trip counts. A pmap with "
+        "steps= runs its function inside such a loop: there, call the "
+        "function with loops in it from a pmap without steps=.")
+  cond_graph = tf_internal.function_graph(operation, "cond")
+  body_graph = tf_internal.function_graph(operation, "body")
+  values = tf_internal.pfor_inputs(pfor_input)
+  size = tf_internal.pfor_loop_size(pfor_input)
+  stacked, per_device = _loop_stacking(pfor_input, cond_graph, body_graph,
+                                       values)
+  if per_device:
+    found = _collectives_in([cond_graph, body_graph])
+    if found is not None:
+      raise _diverging_collective_error(found, "tf.while_loop", "condition")
+
+  init = [_repeat(v, size) if s else v.tensor
+          for v, s in zip(values, stacked)]
+  final = _build_loop(pfor_input, operation, cond_graph, body_graph, stacked,
+                      per_device, init, size)
+  return [tf_internal.wrap_converted(t, s) for t, s in zip(final, stacked)]
+
+
+def _build_loop(pfor_input, operation, cond_graph, body_graph, stacked,
+                per_device, init, size):
+  """The vectorized loop: one tf.while_loop over the stacked state."""
+
+  def convert(graph, state):
+    return tf_internal.convert_graph_inline(pfor_input, graph, [
+        tf_internal.ConvertedValue(t, s) for t, s in zip(state, stacked)],
+                                            prepare)
+
+  def body_outputs(state):
+    outputs = convert(body_graph, state)
+    return [_repeat(v, size) if s else v.tensor
+            for v, s in zip(outputs, stacked)]
+
+  invariants = _shape_invariants(operation, stacked, size, init)
+  iterations = operation.get_attr("parallel_iterations")
+  if not per_device:
+    final = tf.while_loop(
+        lambda *state: tf.reshape(convert(cond_graph, state)[0].tensor, []),
+        lambda *state: body_outputs(state), init,
+        shape_invariants=invariants, parallel_iterations=iterations)
+    final = list(final) if isinstance(final, (list, tuple)) else [final]
+  else:
+    def body(running, *state):
+      updated = [_select(running, new, old) if s else new
+                 for new, old, s in zip(body_outputs(state), state, stacked)]
+      still = tf.logical_and(
+          running, tf.cast(convert(cond_graph, updated)[0].tensor, tf.bool))
+      return [still] + updated
+
+    running = tf.cast(convert(cond_graph, init)[0].tensor, tf.bool)
+    final = tf.while_loop(
+        lambda running, *_: tf.reduce_any(running), body, [running] + init,
+        shape_invariants=[running.shape] + invariants,
+        parallel_iterations=iterations)[1:]
+  return final
+
+
+def _shape_invariants(operation, stacked, size, init):
+  """The loop's shape invariants (its `output_shapes`), stacked where needed.
+
+  A TensorArray is carried as a dense tensor of fixed shape (its `init`).
+  """
+  shapes = [tf.TensorShape(s) for s in operation.get_attr("output_shapes")]
+  if not shapes:
+    shapes = [tf.TensorShape(None)] * len(stacked)
+  invariants = []
+  for shape, output, s, start in zip(shapes, operation.outputs, stacked, init):
+    shape = shape.merge_with(output.shape) if shape.rank is not None else output.shape
+    if output.dtype == tf.variant:
+      invariants.append(start.shape)
+    elif s:
+      invariants.append(tf.TensorShape([size]).concatenate(shape))
+    else:
+      invariants.append(shape)
+  return invariants
+
+
+_CONVERTERS = {}
+for _kind in _WHILE:
+  _CONVERTERS[_kind] = _convert_while
+for _kind in _IF:
+  _CONVERTERS[_kind] = _convert_if
+for _kind in _CASE:
+  _CONVERTERS[_kind] = _convert_case
+for _kind in _CALL:
+  _CONVERTERS[_kind] = _convert_call

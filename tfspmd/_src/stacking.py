@@ -1,0 +1,39 @@
+"""Values stacked along the mapped axis: moving that axis, repeating along it."""
+
+import tensorflow as tf
+
+
+def repeat_along_new_axis(value, axis, size):
+  """`value` repeated `size` times along a new axis at `axis`.
+
+  A broadcasting multiply rather than `tf.tile`: DTensor's SPMD expansion of
+  Tile gives wrong values when the tiled axis is then split over a mesh
+  dimension another tensor axis was split over (TF 2.21, a 2 x 4 mesh).
+  """
+  expanded = tf.expand_dims(value, axis)
+  shape = [1] * expanded.shape.rank
+  shape[axis] = size
+  if value.dtype == tf.bool:
+    return tf.logical_and(tf.ones(shape, tf.bool), expanded)
+  if value.dtype == tf.uint64:
+    # The multiply may be where DTensor gathers `value`, and its collectives
+    # refuse uint64 (TF 2.21): multiply the same bits as int64.
+    repeated = tf.ones(shape, tf.int64) * tf.cast(expanded, tf.int64)
+    return tf.cast(repeated, tf.uint64)
+  return tf.ones(shape, value.dtype) * expanded
+
+
+def move_axis_to_front(value, axis):
+  if axis == 0:
+    return value
+  rank = value.shape.rank
+  return tf.transpose(value, [axis] + [a for a in range(rank) if a != axis])
+
+
+def move_front_axis_to(value, axis):
+  if axis == 0:
+    return value
+  rank = value.shape.rank
+  order = list(range(1, rank))
+  order.insert(axis, 0)
+  return tf.transpose(value, order)

@@ -1,0 +1,218 @@
+"""TensorArrays in the per-device program, carried as dense tensors.
+
+`tf.scan`, `tf.foldl`, `tf.map_fn` and `tf.TensorArray` keep their
+elements in TensorLists, which DTensor cannot lay out (TF 2.21: "does not
+implement layout propagation"). Every list these build has a length known
+when tracing, so the per-device list here is a dense tensor
+`[length, *element_shape]` (with the mapped axis in front where it differs
+between devices): reading an element is a gather, writing one a select of
+the written row, and stacking the list the tensor itself. pfor checks the
+dtype of what a converter returns, so these ops are defined in the
+conversion before pfor meets them, and so is each loop that carries a
+list (its converter sees the dense tensors).
+"""
+
+import tensorflow as tf
+
+from tfspmd._src import stacking
+from tfspmd._src import tf_internal
+
+_WHILE = ("While", "StatelessWhile")
+
+
+class _Pending:
+  """A reserved list whose element shape is set by its first write."""
+
+  def __init__(self, length, dtype):
+    self.length = length
+    self.dtype = dtype
+
+  def materialize(self, element_shape):
+    return tf_internal.ConvertedValue(
+        tf.zeros([self.length] + list(element_shape), self.dtype), False)
+
+
+def densify(conversion, operations, convert_loop):
+  """Defines, in `conversion`, every TensorList among `operations` as dense.
+
+  Args:
+    conversion: The `tf_internal.Conversion` of the graph of `operations`.
+    operations: The graph's ops, in the order they were made.
+    convert_loop: The converter of a While op (given dense list inputs).
+  """
+  pending = {}
+  for operation in operations:
+    kind = operation.type
+    if kind in _WHILE:
+      if any(t.dtype == tf.variant for t in operation.inputs):
+        _define_loop(conversion, operation, pending, convert_loop)
+      continue
+    if not kind.startswith("TensorList") and not (
+        kind == "Identity" and operation.inputs[0].dtype == tf.variant):
+      continue
+    handler = _HANDLERS.get(kind)
+    if handler is None:
+      raise ValueError(
+          f"the mapped function uses {kind} on a TensorArray (a "
+          f"tf.TensorArray, or inside tf.scan, tf.map_fn, ...); tfspmd "
+          f"supports TensorArrays of fixed size read, written and stacked "
+          f"(read, write, unstack, stack, size). Collect the values in a "
+          f"Python list and tf.stack them, or use a fixed-size TensorArray.")
+    handler(conversion, operation, pending)
+
+
+def _list(conversion, tensor, pending, element_shape=None):
+  """The dense value of the list `tensor` (materializing a pending one)."""
+  if tensor.ref() in pending:
+    if element_shape is None:
+      raise ValueError(
+          "the mapped function reads a TensorArray element before any was "
+          "written; write every element first (or build it with unstack).")
+    conversion.define(tensor, pending.pop(tensor.ref()).materialize(element_shape))
+  return conversion.convert(tensor)
+
+
+def _static(tensor, what):
+  value = tf.get_static_value(tensor)
+  if value is None:
+    raise ValueError(
+        f"the mapped function builds a TensorArray whose {what} is not known "
+        f"when tracing; tfspmd carries TensorArrays as tensors of fixed "
+        f"shape: give the TensorArray a size (and its element_shape) that "
+        f"does not depend on the inputs' values.")
+  return value
+
+
+def _reserve(conversion, operation, pending):
+  length = int(_static(operation.inputs[1], "size"))
+  dtype = operation.get_attr("element_dtype")
+  shape = tf.get_static_value(operation.inputs[0])
+  if shape is not None and shape.ndim == 1 and all(d >= 0 for d in shape):
+    conversion.define(operation.outputs[0],
+                      _Pending(length, dtype).materialize(list(shape)))
+  else:
+    pending[operation.outputs[0].ref()] = _Pending(length, dtype)
+
+
+def _from_tensor(conversion, operation, pending):
+  del pending
+  conversion.define(operation.outputs[0],
+                    conversion.convert(operation.inputs[0]))
+
+
+def _identity(conversion, operation, pending):
+  if operation.inputs[0].ref() in pending:
+    pending[operation.outputs[0].ref()] = pending[operation.inputs[0].ref()]
+    return
+  conversion.define(operation.outputs[0],
+                    conversion.convert(operation.inputs[0]))
+
+
+def _get_item(conversion, operation, pending):
+  dense = _list(conversion, operation.inputs[0], pending)
+  index = conversion.convert(operation.inputs[1])
+  if index.stacked:
+    size = conversion.size
+    rows = stacking.repeat_along_new_axis(dense.tensor, 0, size) if (
+        not dense.stacked) else dense.tensor
+    value = tf.gather(rows, index.tensor, axis=1, batch_dims=1)
+  elif dense.stacked:
+    value = tf.gather(dense.tensor, index.tensor, axis=1)
+  else:
+    value = tf.gather(dense.tensor, index.tensor, axis=0)
+  conversion.define(operation.outputs[0], tf_internal.ConvertedValue(
+      value, dense.stacked or index.stacked))
+
+
+def _set_item(conversion, operation, pending):
+  item = conversion.convert(operation.inputs[2])
+  element_shape = operation.inputs[2].shape
+  dense = _list(conversion, operation.inputs[0], pending,
+                element_shape.as_list())
+  index = conversion.convert(operation.inputs[1])
+  stacked = dense.stacked or item.stacked or index.stacked
+  size = conversion.size
+  rows = _repeated(dense, stacked, size)
+  written = _repeated(item, stacked, size)
+  length = rows.shape[1] if stacked else rows.shape[0]
+  at = tf.equal(tf.range(length), index.tensor[:, None] if index.stacked
+                else index.tensor)
+  # Broadcast the row mask and the written element over the list.
+  mask_shape = ([size] if stacked else []) + [length] + [1] * element_shape.rank
+  mask = tf.reshape(at if index.stacked or not stacked else
+                    tf.logical_and(tf.ones([size, length], tf.bool), at),
+                    mask_shape)
+  written = tf.expand_dims(written, 1 if stacked else 0)
+  conversion.define(operation.outputs[0], tf_internal.ConvertedValue(
+      tf.where(mask, written, rows), stacked))
+
+
+def _repeated(value, stacked, size):
+  if stacked and not value.stacked:
+    return stacking.repeat_along_new_axis(value.tensor, 0, size)
+  return value.tensor
+
+
+def _stack(conversion, operation, pending):
+  shape = tf.get_static_value(operation.inputs[1])
+  dense = _list(conversion, operation.inputs[0], pending,
+                None if shape is None or shape.ndim != 1 else list(shape))
+  conversion.define(operation.outputs[0], dense)
+
+
+def _length(conversion, operation, pending):
+  tensor = operation.inputs[0]
+  length = pending[tensor.ref()].length if tensor.ref() in pending else (
+      conversion.convert(tensor).tensor.shape[
+          1 if conversion.convert(tensor).stacked else 0])
+  conversion.define(operation.outputs[0],
+                    tf_internal.ConvertedValue(tf.constant(length), False))
+
+
+def _element_shape(conversion, operation, pending):
+  dense = _list(conversion, operation.inputs[0], pending)
+  shape = dense.tensor.shape[2 if dense.stacked else 1:]
+  conversion.define(operation.outputs[0], tf_internal.ConvertedValue(
+      tf.constant(shape.as_list(), operation.get_attr("shape_type")), False))
+
+
+def _define_loop(conversion, operation, pending, convert_loop):
+  """Converts a While op carrying lists, giving pending ones their shape."""
+  body = tf_internal.function_graph(operation, "body")
+  for k, tensor in enumerate(operation.inputs):
+    if tensor.ref() in pending:
+      shape = _written_shape(body, body.inputs[k])
+      if shape is None:
+        raise ValueError(
+            "a loop in the mapped function carries a TensorArray whose "
+            "element shape tfspmd cannot find (no write in the loop body): "
+            "give the TensorArray an element_shape.")
+      conversion.define(tensor, pending.pop(tensor.ref()).materialize(shape))
+  outputs = conversion.apply(operation, convert_loop)
+  for tensor, value in zip(operation.outputs, outputs):
+    conversion.define(tensor, value)
+
+
+def _written_shape(graph, handle):
+  """The shape of the elements the ops of `graph` write into `handle`."""
+  for operation in graph.get_operations():
+    if operation.type == "TensorListSetItem" and operation.inputs[0] is handle:
+      shape = operation.inputs[2].shape
+      return shape.as_list() if shape.is_fully_defined() else None
+    if operation.type == "Identity" and operation.inputs[0] is handle:
+      found = _written_shape(graph, operation.outputs[0])
+      if found is not None:
+        return found
+  return None
+
+
+_HANDLERS = {
+    "TensorListReserve": _reserve,
+    "TensorListFromTensor": _from_tensor,
+    "TensorListGetItem": _get_item,
+    "TensorListSetItem": _set_item,
+    "TensorListStack": _stack,
+    "TensorListLength": _length,
+    "TensorListElementShape": _element_shape,
+    "Identity": _identity,
+}
