@@ -106,6 +106,7 @@ def _select(predicate, on_true, on_false):
   return tf.where(tf.reshape(predicate, shape), on_true, on_false)
 
 
+@_do_not_convert
 def prepare(conversion, operations):
   """Defines the TensorArrays among `operations` as dense tensors."""
   tensor_lists.densify(conversion, operations, _convert_while)

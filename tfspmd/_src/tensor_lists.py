@@ -18,6 +18,8 @@ from tfspmd._src import stacking
 from tfspmd._src import tf_internal
 
 _WHILE = ("While", "StatelessWhile")
+# The lists a loop's gradient accumulates into, one element per step.
+_GROWING = ("EmptyTensorList", "TensorListPushBack", "TensorListPopBack")
 
 
 class _Pending:
@@ -47,10 +49,18 @@ def densify(conversion, operations, convert_loop):
       if any(t.dtype == tf.variant for t in operation.inputs):
         _define_loop(conversion, operation, pending, convert_loop)
       continue
-    if not kind.startswith("TensorList") and not (
+    if not kind.startswith("TensorList") and kind != "EmptyTensorList" and not (
         kind == "Identity" and operation.inputs[0].dtype == tf.variant):
       continue
     handler = _HANDLERS.get(kind)
+    if kind in _GROWING:
+      raise ValueError(
+          f"the mapped function takes a gradient through a loop (a "
+          f"GradientTape around tf.while_loop, tf.scan, tf.foldl, tf.map_fn, "
+          f"...), whose backward pass keeps each step's values in a growing "
+          f"list ({kind}) that tfspmd cannot carry yet. Unroll the loop with "
+          f"a Python for loop inside the tape, or differentiate a function "
+          f"without the loop.")
     if handler is None:
       raise ValueError(
           f"the mapped function uses {kind} on a TensorArray (a "
