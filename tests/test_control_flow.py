@@ -10,6 +10,8 @@ import tensorflow as tf
 import tfspmd
 from tfspmd import lax
 
+import numpy_reference
+
 N = 8
 
 
@@ -307,3 +309,77 @@ def test_gradient_through_a_per_device_cond():
 
   expected = np.where(x.sum(1, keepdims=True) > 0, 2. * x, 3.)
   np.testing.assert_allclose(run(grad, x), expected, rtol=1e-6)
+
+
+def test_gradient_through_scan():
+  x = np.abs(data(4)) + 0.5
+
+  def grad(v):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      loss = tf.reduce_sum(tf.scan(lambda c, e: c * e, v,
+                                   initializer=tf.constant(1.)))
+    return tape.gradient(loss, v)
+
+  def loss_numpy(v):
+    return np.cumprod(v).sum()
+
+  expected = np.stack([numpy_reference.finite_difference(
+      loss_numpy, row.astype(np.float64), eps=1e-4) for row in x])
+  np.testing.assert_allclose(run(grad, x), expected, rtol=1e-4)
+
+
+def test_gradient_through_a_loop_with_a_psum():
+  x = data(3) * 0.5
+  steps = 3
+
+  def grad(v):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      y = tf.while_loop(lambda k, c: k < steps,
+                        lambda k, c: (k + 1, lax.psum(c * c, "i") * 0.1),
+                        (0, v), maximum_iterations=steps)[1]
+      loss = tf.reduce_sum(tf.sin(y))
+    return tape.gradient(loss, v)
+
+  def total_loss(flat):
+    # Every device's loss, summed: psum's transpose is psum, so each
+    # device's gradient is that of the sum over devices.
+    c = flat.reshape(x.shape)
+    for _ in range(steps):
+      c = np.broadcast_to((c * c).sum(0) * 0.1, c.shape)
+    return np.sin(c).sum()
+
+  expected = numpy_reference.finite_difference(
+      total_loss, x.astype(np.float64).reshape(-1), eps=1e-5).reshape(x.shape)
+  np.testing.assert_allclose(run(grad, x), expected, rtol=1e-3, atol=1e-6)
+
+
+def test_gradient_through_a_loop_per_device_matches_debug_mode():
+  x = data(3)
+
+  def grad(v):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      y = tf.while_loop(lambda k, c: k < 4,
+                        lambda k, c: (k + 1, tf.sin(c) * c + 1.),
+                        (0, v), maximum_iterations=4)[1]
+      loss = tf.reduce_sum(y * y)
+    return tape.gradient(loss, v)
+
+  np.testing.assert_allclose(run(grad, x), run(grad, x, debug=True),
+                             rtol=1e-5)
+
+
+def test_gradient_through_a_while_loop_without_a_bound_is_an_error():
+  def grad(v):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      y = tf.while_loop(lambda k, c: k < 2, lambda k, c: (k + 1, c * c),
+                        (0, v))[1]
+      loss = tf.reduce_sum(y)
+    return tape.gradient(loss, v)
+
+  with pytest.raises(ValueError, match="gradient through a tf.while_loop "
+                     "with no maximum_iterations"):
+    run(grad, data(3))

@@ -670,6 +670,22 @@ def _():
                             (0, x))[1], "i")(np.zeros((2, 3), np.float32))
 
 
+@case("gradient-through-unbounded-loop", OPS,
+      "a GradientTape through a tf.while_loop without maximum_iterations",
+      ValueError,
+      r"takes a gradient through a tf.while_loop with no maximum_iterations"
+      r".* Give the loop maximum_iterations")
+def _():
+  def grad(v):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      y = tf.while_loop(lambda k, c: k < 2, lambda k, c: (k + 1, c * c),
+                        (0, v))[1]
+      loss = tf.reduce_sum(y)
+    return tape.gradient(loss, v)
+  P(grad, "i")(np.ones((2, 3), np.float32))
+
+
 @case("loop-in-loop", OPS, "a tf.while_loop inside another loop's body",
       ValueError,
       r"inside the body of another loop in a mapped function: DTensor "

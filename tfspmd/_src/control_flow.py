@@ -24,6 +24,8 @@ an error at trace time that names both, as the devices would not meet
 under jax.pmap either.
 """
 
+import functools
+
 import tensorflow as tf
 
 from tfspmd._src import conv_gradients
@@ -107,9 +109,21 @@ def _select(predicate, on_true, on_false):
 
 
 @_do_not_convert
-def prepare(conversion, operations):
-  """Defines the TensorArrays among `operations` as dense tensors."""
-  tensor_lists.densify(conversion, operations, _convert_while)
+def prepare(conversion, operations, position=None):
+  """Defines the TensorArrays among `operations` as dense tensors.
+
+  `position` is the `tensor_lists.LoopPosition` where `operations` are the
+  body of a loop.
+  """
+  tensor_lists.densify(conversion, operations, _convert_while, position)
+
+
+def _prepare_body(body_graph):
+  """`prepare` for the body of a while_v2 loop (forward or backward)."""
+  steps = (body_graph.inputs[2]
+           if tf_internal.is_loop_gradient_body(body_graph) else None)
+  return functools.partial(
+      prepare, position=tensor_lists.LoopPosition(body_graph.inputs[0], steps))
 
 
 # --- calls -------------------------------------------------------------------
@@ -212,8 +226,8 @@ def _loop_stacking(pfor_input, cond_graph, body_graph, values):
                 for v, s in zip(values, stacked)]
       predicate = tf_internal.convert_graph_inline(
           pfor_input, cond_graph, inputs, prepare)[0]
-      outputs = tf_internal.convert_graph_inline(pfor_input, body_graph,
-                                                 inputs, prepare)
+      outputs = tf_internal.convert_graph_inline(
+          pfor_input, body_graph, inputs, _prepare_body(body_graph))
     changed = False
     for k, output in enumerate(outputs):
       through = body_graph.outputs[k] is body_graph.inputs[k]
@@ -262,7 +276,8 @@ def _build_loop(pfor_input, operation, cond_graph, body_graph, stacked,
   def convert(graph, state):
     return tf_internal.convert_graph_inline(pfor_input, graph, [
         tf_internal.ConvertedValue(t, s) for t, s in zip(state, stacked)],
-                                            prepare)
+                                            prepare if graph is cond_graph
+                                            else _prepare_body(graph))
 
   def body_outputs(state):
     outputs = convert(body_graph, state)

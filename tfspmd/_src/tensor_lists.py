@@ -6,7 +6,11 @@ implement layout propagation"). Every list these build has a length known
 when tracing, so the per-device list here is a dense tensor
 `[length, *element_shape]` (with the mapped axis in front where it differs
 between devices): reading an element is a gather, writing one a select of
-the written row, and stacking the list the tensor itself. pfor checks the
+the written row, and stacking the list the tensor itself. The lists a
+loop's gradient keeps (one element pushed per forward step, popped in
+reverse by the backward loop) hold at most the loop's `maximum_iterations`
+elements (given by tf.scan, tf.foldl and tf.map_fn): step t writes row t,
+and backward step s reads row `steps - 1 - s`. pfor checks the
 dtype of what a converter returns, so these ops are defined in the
 conversion before pfor meets them, and so is each loop that carries a
 list (its converter sees the dense tensors).
@@ -18,8 +22,22 @@ from tfspmd._src import stacking
 from tfspmd._src import tf_internal
 
 _WHILE = ("While", "StatelessWhile")
-# The lists a loop's gradient accumulates into, one element per step.
-_GROWING = ("EmptyTensorList", "TensorListPushBack", "TensorListPopBack")
+# Ops that take or make lists without "TensorList" in their name.
+_LIST_ARITHMETIC = ("Identity", "ZerosLike", "AddN", "AddV2")
+
+
+class LoopPosition:
+  """Where the loop whose body is being converted is.
+
+  Attributes:
+    counter: The body's iteration counter (while_v2's first loop variable).
+    steps: In a backward loop, the number of forward steps (its third loop
+      variable); None in a forward loop.
+  """
+
+  def __init__(self, counter, steps=None):
+    self.counter = counter
+    self.steps = steps
 
 
 class _Pending:
@@ -34,33 +52,30 @@ class _Pending:
         tf.zeros([self.length] + list(element_shape), self.dtype), False)
 
 
-def densify(conversion, operations, convert_loop):
+def densify(conversion, operations, convert_loop, position=None):
   """Defines, in `conversion`, every TensorList among `operations` as dense.
 
   Args:
     conversion: The `tf_internal.Conversion` of the graph of `operations`.
     operations: The graph's ops, in the order they were made.
     convert_loop: The converter of a While op (given dense list inputs).
+    position: The `LoopPosition` where `operations` are a loop's body.
   """
   pending = {}
-  for operation in operations:
+  for operation in _inputs_first(operations):
     kind = operation.type
     if kind in _WHILE:
       if any(t.dtype == tf.variant for t in operation.inputs):
         _define_loop(conversion, operation, pending, convert_loop)
       continue
     if not kind.startswith("TensorList") and kind != "EmptyTensorList" and not (
-        kind == "Identity" and operation.inputs[0].dtype == tf.variant):
+        kind in _LIST_ARITHMETIC and
+        any(t.dtype == tf.variant for t in operation.inputs)):
       continue
     handler = _HANDLERS.get(kind)
-    if kind in _GROWING:
-      raise ValueError(
-          f"the mapped function takes a gradient through a loop (a "
-          f"GradientTape around tf.while_loop, tf.scan, tf.foldl, tf.map_fn, "
-          f"...), whose backward pass keeps each step's values in a growing "
-          f"list ({kind}) that tfspmd cannot carry yet. Unroll the loop with "
-          f"a Python for loop inside the tape, or differentiate a function "
-          f"without the loop.")
+    if kind in ("TensorListPushBack", "TensorListPopBack"):
+      _push_or_pop(conversion, operation, position)
+      continue
     if handler is None:
       raise ValueError(
           f"the mapped function uses {kind} on a TensorArray (a "
@@ -69,6 +84,32 @@ def densify(conversion, operations, convert_loop):
           f"(read, write, unstack, stack, size). Collect the values in a "
           f"Python list and tf.stack them, or use a fixed-size TensorArray.")
     handler(conversion, operation, pending)
+
+
+def _inputs_first(operations):
+  """`operations` ordered so that each comes after the ops it reads.
+
+  Creation order is not enough: a loop's gradient adds the lists it
+  accumulates into after the loop was made, as new inputs of it.
+  """
+  members = set(operations)
+  order, seen = [], set()
+  for root in operations:
+    stack = [(root, False)]
+    while stack:
+      operation, expanded = stack.pop()
+      if expanded:
+        order.append(operation)
+        continue
+      if operation in seen:
+        continue
+      seen.add(operation)
+      stack.append((operation, True))
+      for before in [t.op for t in operation.inputs] + list(
+          operation.control_inputs):
+        if before in members and before not in seen:
+          stack.append((before, False))
+  return order
 
 
 def _list(conversion, tensor, pending, element_shape=None):
@@ -82,8 +123,22 @@ def _list(conversion, tensor, pending, element_shape=None):
   return conversion.convert(tensor)
 
 
-def _static(tensor, what):
+def _known(conversion, tensor):
+  """`tensor`'s value when tracing, from the graph or its conversion.
+
+  A list's length or element shape read from the list (as gradients do)
+  is known once the list is dense.
+  """
   value = tf.get_static_value(tensor)
+  if value is None:
+    converted = conversion.convert(tensor)
+    if not converted.stacked:
+      value = tf.get_static_value(converted.tensor)
+  return value
+
+
+def _static(conversion, tensor, what):
+  value = _known(conversion, tensor)
   if value is None:
     raise ValueError(
         f"the mapped function builds a TensorArray whose {what} is not known "
@@ -94,9 +149,9 @@ def _static(tensor, what):
 
 
 def _reserve(conversion, operation, pending):
-  length = int(_static(operation.inputs[1], "size"))
+  length = int(_static(conversion, operation.inputs[1], "size"))
   dtype = operation.get_attr("element_dtype")
-  shape = tf.get_static_value(operation.inputs[0])
+  shape = _known(conversion, operation.inputs[0])
   if shape is not None and shape.ndim == 1 and all(d >= 0 for d in shape):
     conversion.define(operation.outputs[0],
                       _Pending(length, dtype).materialize(list(shape)))
@@ -121,17 +176,19 @@ def _identity(conversion, operation, pending):
 def _get_item(conversion, operation, pending):
   dense = _list(conversion, operation.inputs[0], pending)
   index = conversion.convert(operation.inputs[1])
+  conversion.define(operation.outputs[0], _read(conversion, dense, index))
+
+
+def _read(conversion, dense, index):
+  """Row `index` of the dense list `dense` (both `ConvertedValue`s)."""
   if index.stacked:
-    size = conversion.size
-    rows = stacking.repeat_along_new_axis(dense.tensor, 0, size) if (
-        not dense.stacked) else dense.tensor
+    rows = _repeated(dense, True, conversion.size)
     value = tf.gather(rows, index.tensor, axis=1, batch_dims=1)
   elif dense.stacked:
     value = tf.gather(dense.tensor, index.tensor, axis=1)
   else:
     value = tf.gather(dense.tensor, index.tensor, axis=0)
-  conversion.define(operation.outputs[0], tf_internal.ConvertedValue(
-      value, dense.stacked or index.stacked))
+  return tf_internal.ConvertedValue(value, dense.stacked or index.stacked)
 
 
 def _set_item(conversion, operation, pending):
@@ -139,7 +196,12 @@ def _set_item(conversion, operation, pending):
   element_shape = operation.inputs[2].shape
   dense = _list(conversion, operation.inputs[0], pending,
                 element_shape.as_list())
-  index = conversion.convert(operation.inputs[1])
+  _write(conversion, operation.outputs[0], dense,
+         conversion.convert(operation.inputs[1]), item, element_shape)
+
+
+def _write(conversion, output, dense, index, item, element_shape):
+  """Defines `output` as `dense` with row `index` set to `item`."""
   stacked = dense.stacked or item.stacked or index.stacked
   size = conversion.size
   rows = _repeated(dense, stacked, size)
@@ -153,7 +215,7 @@ def _set_item(conversion, operation, pending):
                     tf.logical_and(tf.ones([size, length], tf.bool), at),
                     mask_shape)
   written = tf.expand_dims(written, 1 if stacked else 0)
-  conversion.define(operation.outputs[0], tf_internal.ConvertedValue(
+  conversion.define(output, tf_internal.ConvertedValue(
       tf.where(mask, written, rows), stacked))
 
 
@@ -164,7 +226,7 @@ def _repeated(value, stacked, size):
 
 
 def _stack(conversion, operation, pending):
-  shape = tf.get_static_value(operation.inputs[1])
+  shape = _known(conversion, operation.inputs[1])
   dense = _list(conversion, operation.inputs[0], pending,
                 None if shape is None or shape.ndim != 1 else list(shape))
   conversion.define(operation.outputs[0], dense)
@@ -184,6 +246,66 @@ def _element_shape(conversion, operation, pending):
   shape = dense.tensor.shape[2 if dense.stacked else 1:]
   conversion.define(operation.outputs[0], tf_internal.ConvertedValue(
       tf.constant(shape.as_list(), operation.get_attr("shape_type")), False))
+
+
+def _empty(conversion, operation, pending):
+  """The list a loop's gradient fills: as long as the loop's step bound."""
+  del pending
+  length = _known(conversion, operation.inputs[1])
+  shape = _known(conversion, operation.inputs[0])
+  if length is None or length < 0:
+    raise ValueError(
+        "the mapped function takes a gradient through a tf.while_loop with no "
+        "maximum_iterations: its backward pass keeps one value per step, and "
+        "tfspmd needs a bound on the steps known when tracing (as JAX "
+        "differentiates fori_loop and scan, not while_loop). Give the loop "
+        "maximum_iterations, or use tf.scan or a loop over tf.range.")
+  if shape is None or shape.ndim != 1 or any(d < 0 for d in shape):
+    raise ValueError(
+        "the mapped function takes a gradient through a loop that keeps a "
+        "value of unknown shape per step; give the loop's values static "
+        "shapes.")
+  conversion.define(operation.outputs[0], tf_internal.ConvertedValue(
+      tf.zeros([int(length)] + [int(d) for d in shape],
+               operation.get_attr("element_dtype")), False))
+
+
+def _push_or_pop(conversion, operation, position):
+  """A forward step's push (row `counter`) or a backward step's pop."""
+  if position is None or (operation.type == "TensorListPopBack" and
+                          position.steps is None):
+    raise ValueError(
+        f"the mapped function uses {operation.type} on a TensorArray outside "
+        f"the loops and gradients tfspmd supports; use a fixed-size "
+        f"TensorArray (read, write, stack) instead.")
+  counter = conversion.convert(position.counter)
+  if operation.type == "TensorListPushBack":
+    _write(conversion, operation.outputs[0], conversion.convert(operation.inputs[0]),
+           counter, conversion.convert(operation.inputs[1]),
+           operation.inputs[1].shape)
+    return
+  steps = conversion.convert(position.steps)
+  row = tf_internal.ConvertedValue(
+      steps.tensor - 1 - counter.tensor, steps.stacked or counter.stacked)
+  dense = conversion.convert(operation.inputs[0])
+  conversion.define(operation.outputs[0], dense)
+  conversion.define(operation.outputs[1], _read(conversion, dense, row))
+
+
+def _zeros_like(conversion, operation, pending):
+  dense = _list(conversion, operation.inputs[0], pending)
+  conversion.define(operation.outputs[0], tf_internal.ConvertedValue(
+      tf.zeros_like(dense.tensor), dense.stacked))
+
+
+def _add(conversion, operation, pending):
+  values = [_list(conversion, t, pending) for t in operation.inputs]
+  stacked = any(v.stacked for v in values)
+  total = _repeated(values[0], stacked, conversion.size)
+  for value in values[1:]:
+    total = total + _repeated(value, stacked, conversion.size)
+  conversion.define(operation.outputs[0],
+                    tf_internal.ConvertedValue(total, stacked))
 
 
 def _define_loop(conversion, operation, pending, convert_loop):
@@ -225,4 +347,8 @@ _HANDLERS = {
     "TensorListLength": _length,
     "TensorListElementShape": _element_shape,
     "Identity": _identity,
+    "EmptyTensorList": _empty,
+    "ZerosLike": _zeros_like,
+    "AddN": _add,
+    "AddV2": _add,
 }

@@ -277,3 +277,9 @@ def inside_loop_body():
       return True
     graph = getattr(graph, "outer_graph", None)
   return False
+
+
+def is_loop_gradient_body(graph):
+  """True if `graph` is the body of the backward loop of a while_v2 loop."""
+  from tensorflow.python.ops import while_v2  # pylint: disable=g-import-not-at-top
+  return isinstance(graph, while_v2._WhileBodyGradFuncGraph)  # pylint: disable=protected-access
