@@ -43,6 +43,20 @@ _BASE_OPTIMIZER_METHODS = (
     "_backend_increment_gradient_accumulators")
 
 
+def seed_state_positions(model):
+  """Where in `model.non_trainable_variables` the layers' random seeds are.
+
+  Each `keras.random.SeedGenerator` of a layer (a Dropout's, a noise
+  layer's) keeps its state in a non-trainable variable; layers list their
+  generators in the private `_seed_generators`.
+  """
+  states = {id(generator.state)
+            for layer in model._flatten_layers(include_self=True)  # pylint: disable=protected-access
+            for generator in getattr(layer, "_seed_generators", ())}
+  return frozenset(k for k, variable in enumerate(model.non_trainable_variables)
+                   if id(variable) in states)
+
+
 def build(model, data_spec):
   """Creates the model's, compiled loss's, metrics' and optimizer's variables.
 

@@ -301,13 +301,22 @@ class KerasTrainer:
     model, optimizer = self.model, self.model.optimizer
     trainable, non_trainable, optimizer_values, metrics = state
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+    seeds = _keras_internal.seed_state_positions(model)
     with tf.GradientTape() as tape:
       tape.watch(trainable)
       loss, y_pred, new_non_trainable = self._loss(
-          trainable, non_trainable, metrics, x, y, sample_weight, True)
+          trainable, self._per_device_seeds(non_trainable, seeds, 1), metrics,
+          x, y, sample_weight, True)
       with keras.StatelessScope(
           state_mapping=list(zip(optimizer.variables, optimizer_values))):
         scaled_loss = optimizer.scale_loss(loss)
+    # Moved back, every device's state is the same; the pmin tells tfspmd so
+    # (the state is returned once, and a value computed from a per-device
+    # one counts as per-device).
+    new_non_trainable = [
+        lax.pmin(value, self.axis_name) if k in seeds else value
+        for k, value in enumerate(
+            self._per_device_seeds(new_non_trainable, seeds, -1))]
     _check_no_untracked_variables(tape, model)
     grads = tape.gradient(scaled_loss, trainable)
     grads = [None if g is None else lax.pmean(g, self.axis_name)
@@ -322,6 +331,20 @@ class KerasTrainer:
     metrics, logs = self._update_metrics(metrics, loss, x, y, y_pred,
                                          sample_weight)
     return (trainable, non_trainable, optimizer_values, metrics), logs
+
+  def _per_device_seeds(self, non_trainable, seeds, sign):
+    """Moves each seed generator's state to this device's stream (sign -1: back).
+
+    Keras advances a generator's state in its second element only, so
+    adding the device's position to the first gives each device streams
+    no other device reaches: a Dropout draws a different mask on each
+    device, and device 0 draws what Keras' own fit draws.
+    """
+    if not seeds:
+      return non_trainable
+    position = tf.cast(lax.axis_index(self.axis_name), tf.int64)
+    return [value + sign * tf.cast(tf.stack([position, 0]), value.dtype)
+            if k in seeds else value for k, value in enumerate(non_trainable)]
 
   def _test_step(self, trainable, non_trainable, metrics, batch):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)

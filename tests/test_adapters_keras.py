@@ -200,3 +200,38 @@ def test_arrays_need_y_and_batch_size():
   with pytest.raises(ValueError, match="arrays `x` and `y` with the global "
                      "`batch_size`"):
     keras_training.KerasTrainer(model).fit(np.zeros((8, FEATURES)))
+
+
+def test_dropout_draws_a_different_mask_on_each_device():
+  def model_with_dropout():
+    model = keras.Sequential([
+        keras.Input((FEATURES,)), keras.layers.Dropout(0.5, seed=7),
+        keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+  x = np.random.default_rng(6).standard_normal((BATCH, FEATURES)).astype(
+      np.float32)
+  y = np.zeros((BATCH, 1), np.float32)
+  model = model_with_dropout()
+  trainer = keras_training.KerasTrainer(model)
+  trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  trainer.sync_to_model()
+
+  # Keras itself, device by device: device k's Dropout draws from the seed
+  # state (7 + k, 0); the gradients are averaged over the devices.
+  grads, outputs = [], []
+  for k, rows in enumerate(np.split(x, 8)):
+    reference = model_with_dropout()
+    reference.layers[0].seed_generator.state.assign([7 + k, 0])
+    with tf.GradientTape() as tape:
+      out = reference(rows, training=True)
+      loss = tf.reduce_mean(tf.square(out))
+    grads.append(tape.gradient(loss, reference.trainable_variables)[0].numpy())
+    outputs.append(out.numpy())
+  assert len({o.tobytes() for o in outputs}) == 8
+  expected = np.ones((FEATURES, 1), np.float32) - 0.1 * np.mean(grads, 0)
+  np.testing.assert_allclose(model.layers[1].kernel.numpy(), expected,
+                             rtol=1e-5)
+  np.testing.assert_array_equal(
+      model.layers[0].seed_generator.state.numpy(), [7, 1])

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from tfspmd._src import conv_gradients
 from tfspmd._src import new_axis
+from tfspmd._src import random_ops
 from tfspmd._src import stacking
 from tfspmd._src import tensor_lists
 from tfspmd._src import tf_internal
@@ -49,6 +50,7 @@ def mark(operations):
   """Gives `operations`, and the ops of the functions they call, our converters."""
   conv_gradients.mark(operations)
   new_axis.mark_slices(operations)
+  random_ops.mark(operations)
   for operation in operations:
     converter = _CONVERTERS.get(operation.type)
     if converter is None:

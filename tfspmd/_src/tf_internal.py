@@ -283,3 +283,11 @@ def is_loop_gradient_body(graph):
   """True if `graph` is the body of the backward loop of a while_v2 loop."""
   from tensorflow.python.ops import while_v2  # pylint: disable=g-import-not-at-top
   return isinstance(graph, while_v2._WhileBodyGradFuncGraph)  # pylint: disable=protected-access
+
+
+def recreate_op(operation, inputs):
+  """A copy of `operation` (type and attributes) on `inputs`; its outputs."""
+  copy = _pfor._create_op(  # pylint: disable=protected-access
+      operation.type, inputs, [t.dtype for t in operation.outputs],
+      operation.node_def.attr)
+  return copy.outputs
