@@ -46,3 +46,22 @@ def mesh_for_axes(dim_names, sizes, devices):
       local_device_ids=local_positions,
       local_devices=[names[p] for p in local_positions],
       global_devices=global_devices)
+
+
+def mesh_key(mesh_axes, devices):
+  """The mesh over the first devices of each process, process by process.
+
+  The outermost axis spans the processes; a nested pmap's axes lie within
+  each process, as in JAX.
+  """
+  dims = tuple(dim for _, _, dim in mesh_axes)
+  sizes = tuple(size for _, size, _ in mesh_axes)
+  count = int(np.prod(sizes))
+  if len(devices) == count:
+    return dims, sizes, tuple(devices)
+  per_process = count // devices_lib.process_count()
+  chosen = []
+  for process in range(devices_lib.process_count()):
+    own = [d for d in devices if d.process_index == process]
+    chosen += own[:per_process]
+  return dims, sizes, tuple(chosen)

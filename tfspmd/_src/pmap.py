@@ -265,7 +265,8 @@ class PmappedFunction:
     top_dim = mesh_lib.mesh_dim_name(0)
     state = axis_env.TraceState(
         mesh_axes=[(self._axis_name, size, top_dim)],
-        max_devices=len(devices) if self._devices is None else size)
+        max_devices=len(devices) if self._devices is None else size,
+        devices=tuple(devices))
     dtypes = [value.dtype for value in values]
     rebuild = call.rebuilder()
     built = {}
@@ -293,7 +294,7 @@ class PmappedFunction:
               carry_treedef=_carry_treedef(call.dynamic, self._steps),
               rebuild_args=rebuild, out_axes=self._out_axes,
               on_slice=on_slice)
-        mesh_key = _mesh_key(state, devices)
+        mesh_key = state.mesh_key()
         placements = []
         outputs = []
         for value, axis, per_device in zip(result.values, result.out_axes,
@@ -354,7 +355,7 @@ class PmappedFunction:
     """The devices the call's mesh is made of: the given ones, or from all.
 
     Without `devices=`, each process maps over its first devices
-    (`_mesh_key` picks them), as many in every process.
+    (`mesh.mesh_key` picks them), as many in every process.
     """
     if self._devices is not None:
       local = [d for d in self._devices
@@ -537,6 +538,13 @@ def _inner_splits(state, per_device):
 
 def _register_nested_axis(state, axis_name, size, depth):
   """Adds the mesh dimension of a nested pmap at `depth`, or reuses it."""
+  if depth >= len(state.mesh_axes) and state.mesh_fixed_by is not None:
+    raise ValueError(
+        f"pmap over axis {axis_name!r} is nested in a function that already "
+        f"ran {state.mesh_fixed_by} over the outer axis alone; tfspmd lays "
+        f"that collective out on the mesh of the axes known when it is "
+        f"traced. Call the nested pmap before the {state.mesh_fixed_by}, or "
+        f"in a function of its own.")
   if depth < len(state.mesh_axes):
     _, known_size, dim = state.mesh_axes[depth]
     if known_size != size:
@@ -557,25 +565,6 @@ def _register_nested_axis(state, axis_name, size, depth):
   dim = mesh_lib.mesh_dim_name(depth)
   state.mesh_axes.append((axis_name, size, dim))
   return dim
-
-
-def _mesh_key(state, devices):
-  """The mesh over the first devices of each process, process by process.
-
-  The outermost axis spans the processes; a nested pmap's axes lie within
-  each process, as in JAX.
-  """
-  dims = tuple(dim for _, _, dim in state.mesh_axes)
-  sizes = tuple(size for _, size, _ in state.mesh_axes)
-  count = int(np.prod(sizes))
-  if len(devices) == count:
-    return dims, sizes, tuple(devices)
-  per_process = count // devices_lib.process_count()
-  chosen = []
-  for process in range(devices_lib.process_count()):
-    own = [d for d in devices if d.process_index == process]
-    chosen += own[:per_process]
-  return dims, sizes, tuple(chosen)
 
 
 def _check_devices(devices, backend):

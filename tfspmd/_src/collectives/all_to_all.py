@@ -8,9 +8,9 @@ with the split and concat axes swapped.
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.experimental import dtensor
 
 from tfspmd._src import axis_env
-from tfspmd._src import tf_internal
 from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
@@ -20,7 +20,7 @@ _ALL_TO_ALL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64,
                       tf.int32, tf.int64)
 
 
-def _all_to_all_step(split_axis, concat_axis, tiled, recorded):
+def _all_to_all_step(split_axis, concat_axis, tiled, function):
   def step(tensor, stacked, frame, batch_dims):
     size = frame.size
     if not stacked:
@@ -32,7 +32,7 @@ def _all_to_all_step(split_axis, concat_axis, tiled, recorded):
       shape = tensor.shape.as_list()
       tensor = tf.reshape(tensor, shape[:split] + [size, shape[split] // size] +
                           shape[split + 1:])
-    moved = _move_axis(_exchange(tensor, split, recorded), 1, concat)
+    moved = _move_axis(_exchange(tensor, split, function), 1, concat)
     if not tiled:
       return moved, True
     # Concatenate the senders j into the concat axis that follows them.
@@ -42,7 +42,7 @@ def _all_to_all_step(split_axis, concat_axis, tiled, recorded):
   return step
 
 
-def _exchange(tensor, split, recorded):
+def _exchange(tensor, split, function):
   """[sender j, ..., block i at `split`, ...] -> [i, j, ...]: the all-to-all.
 
   A transpose of the stacked axis with the split axis is DTensor's
@@ -50,18 +50,31 @@ def _exchange(tensor, split, recorded):
   gets it wrong elsewhere (TF 2.21): on meshes of several dimensions its
   all-to-all relayout moves the wrong blocks (8 to 10 of 150 random
   relayouts of a rank-4 tensor on 2x4, 4x2 and 2x2x2 meshes, such as
-  [-, -, -, c] -> [-, -, c, -]), and when a GradientTape records the
-  collective, the backward pass that reuses its result asks the Transpose
-  expander for a layout it refuses ("needs communication is not supported
-  yet"); and its all-to-all takes only floats and 32/64-bit signed
-  integers. There a `gather_nd` that keeps the sender axis in place is right:
-  DTensor gathers the value to every device and each keeps its block,
-  moving n times the data (docs/collectives.md).
+  [-, -, -, c] -> [-, -, c, -]); and its all-to-all takes only floats and
+  32/64-bit signed integers. There a `gather_nd` that keeps the sender axis
+  in place is right: DTensor gathers the value to every device and each
+  keeps its block, moving n times the data (docs/collectives.md).
+
+  The transpose's result is laid out with the sender axis split, where it
+  went, and then relaid out with the receiver axis split: DTensor's
+  Transpose expander does no communication ("needs communication is not
+  supported yet" when layout propagation asks it for the final layout, as
+  after an all_gather or when a GradientTape's backward pass reuses the
+  result), and left to itself propagation may keep the exchanged value
+  whole on every device, where ops such as TopKV2 expand wrong. So the
+  all-to-all is that relayout, and what follows sees every device's own
+  blocks.
   """
   state = axis_env.trace_state()
-  if (not recorded and tensor.dtype in _ALL_TO_ALL_DTYPES and
+  if (tensor.dtype in _ALL_TO_ALL_DTYPES and
       state is not None and len(state.mesh_axes) == 1):
-    return stacking.move_axis_to_front(tensor, split)
+    moved = stacking.move_axis_to_front(tensor, split)
+    dim = state.mesh_axes[0][2]
+    senders_split = [dtensor.UNSHARDED] * moved.shape.rank
+    senders_split[1] = dim
+    receivers_split = [dim] + [dtensor.UNSHARDED] * (moved.shape.rank - 1)
+    moved = dtensor.relayout(moved, state.layout(senders_split, function))
+    return dtensor.relayout(moved, state.layout(receivers_split, function))
   size = tensor.shape[0]
   blocks_second = _move_axis(tensor, split, 1)
   pairs = np.stack(np.meshgrid(np.arange(size), np.arange(size),
@@ -97,7 +110,7 @@ def _all_to_all_leaf(value, targets, split_axis, concat_axis, tiled,
     shape.insert(concat_axis, size)
   return marker.with_transpose(
       value, targets, _all_to_all_step(split_axis, concat_axis, tiled,
-                                        tf_internal.tape_active()),
+                                        function),
       function,
       lambda cotangent: _all_to_all_leaf(cotangent, targets, concat_axis,
                                          split_axis, tiled, function,
