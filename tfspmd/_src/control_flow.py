@@ -29,6 +29,7 @@ import functools
 import tensorflow as tf
 
 from tfspmd._src import conv_gradients
+from tfspmd._src import dtensor_rewrites
 from tfspmd._src import new_axis
 from tfspmd._src import random_ops
 from tfspmd._src import stacking
@@ -51,6 +52,7 @@ def mark(operations):
   conv_gradients.mark(operations)
   new_axis.mark_slices(operations)
   random_ops.mark(operations)
+  dtensor_rewrites.mark(operations)
   for operation in operations:
     converter = _CONVERTERS.get(operation.type)
     if converter is None:

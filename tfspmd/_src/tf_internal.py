@@ -84,11 +84,17 @@ def unvectorizable_op(error):
   found = _LOOP_INVARIANT_INPUT.search(message)
   if found:
     return found.group(2), found.group(1)
+  found = _LOOP_VARIANT_INPUT.search(message)
+  if found:
+    return found.group(1), None
   return None
 
 
 _LOOP_INVARIANT_INPUT = re.compile(
     r"""Input "(\w+)" of op '(\w+)' expected to be loop invariant""")
+# pfor's converters of some ops handle only a per-position value there.
+_LOOP_VARIANT_INPUT = re.compile(
+    r"""Input "\w+" of op '(\w+)' expected to be not loop invariant""")
 
 
 def wrap_converted(tensor, stacked):

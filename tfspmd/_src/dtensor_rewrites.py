@@ -1,0 +1,204 @@
+"""pfor converters that write ops DTensor cannot place with ops it can.
+
+DTensor (TF 2.21) has no layout propagation for `ReverseV2`, `Roll`,
+`ArgMin`, `MatrixBandPart` and `MatrixDiagPartV3`, and refuses an `Einsum`
+whose equation has an ellipsis ("Broadcasting is unimplemented for
+einsum"). Each has a static equivalent once the per-device shapes are
+known: a reverse or a roll is a gather of permuted positions, an argmin the
+argmax of the negated value, a band a mask, a diagonal a gather, and an
+ellipsis stands for as many explicit axis letters as the operands' ranks
+leave. pfor's own converter of a depthwise convolution needs a per-device
+filter; with a filter the same everywhere, the devices fold into the batch.
+"""
+
+import string
+
+import tensorflow as tf
+
+from tfspmd._src import tf_internal
+
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
+
+def mark(operations):
+  """Gives the rewritten ops among `operations` their converters."""
+  for operation in operations:
+    converter = _CONVERTERS.get(operation.type)
+    if operation.type == "Einsum" and (
+        b"..." not in operation.get_attr("equation")):
+      converter = None
+    if converter is not None:
+      tf_internal.set_pfor_converter(operation, converter)
+
+
+@_do_not_convert
+def _convert_reverse(pfor_input):
+  value, stacked, _ = pfor_input.input(0)
+  axes = tf.get_static_value(pfor_input.unstacked_input(1))
+  rank = pfor_input.op.inputs[0].shape.rank
+  if axes is None or rank is None or not value.shape.is_fully_defined():
+    return tf_internal.default_pfor_converter("ReverseV2")(pfor_input)
+  offset = 1 if stacked else 0
+  for axis in {int(a) % rank for a in axes.reshape(-1)}:
+    length = value.shape[axis + offset]
+    value = tf.gather(value, tf.range(length - 1, -1, -1), axis=axis + offset)
+  return [tf_internal.wrap_converted(value, stacked)]
+
+
+def explicit_equation(equation, ranks):
+  """`equation` with each `...` replaced by the axis letters it stands for.
+
+  Args:
+    equation: An einsum equation with an explicit output (`->`).
+    ranks: The rank of each operand.
+
+  Returns:
+    The equation without ellipses, or None where the ellipsis dims must be
+    broadcast (operands whose ellipses cover different ranks).
+
+  >>> explicit_equation('...d,...d->...', [3, 3])
+  'abd,abd->ab'
+  """
+  inputs, output = equation.replace(" ", "").split("->")
+  terms = inputs.split(",")
+  unused = [c for c in string.ascii_letters if c not in equation]
+  covered = {rank - len(term.replace("...", ""))
+             for term, rank in zip(terms, ranks) if "..." in term}
+  if len(covered) != 1:
+    return None
+  letters = "".join(unused[:covered.pop()])
+  return ",".join(t.replace("...", letters) for t in terms) + "->" + (
+      output.replace("...", letters))
+
+
+@_do_not_convert
+def _convert_einsum(pfor_input):
+  equation = pfor_input.op.get_attr("equation").decode()
+  ranks = [t.shape.rank for t in pfor_input.op.inputs]
+  explicit = None
+  if "->" in equation and None not in ranks:
+    explicit = explicit_equation(equation, ranks)
+  if explicit is None:
+    raise ValueError(
+        f"tf.einsum({equation!r}) in a mapped function: DTensor (TF 2.21) "
+        f"cannot place an einsum whose ellipsis broadcasts, and tfspmd writes "
+        f"the ellipsis out only when it covers the same number of axes in "
+        f"every operand and the output is given with '->'. Write the axes "
+        f"out, or broadcast the operands first.")
+  batch = next(c for c in string.ascii_letters if c not in explicit)
+  inputs, output = explicit.split("->")
+  terms = inputs.split(",")
+  values = []
+  for k, term in enumerate(terms):
+    value, stacked, _ = pfor_input.input(k)
+    if stacked:
+      terms[k] = batch + term
+    values.append(value)
+  result = tf.einsum(",".join(terms) + "->" + batch + output, *values)
+  return [tf_internal.wrap_converted(result, True)]
+
+
+def _static_shapes(pfor_input):
+  value, stacked, _ = pfor_input.input(0)
+  return value, stacked, value.shape.is_fully_defined()
+
+
+@_do_not_convert
+def _convert_roll(pfor_input):
+  value, stacked, known = _static_shapes(pfor_input)
+  shifts = tf.get_static_value(pfor_input.unstacked_input(1))
+  axes = tf.get_static_value(pfor_input.unstacked_input(2))
+  if not known or shifts is None or axes is None:
+    return tf_internal.default_pfor_converter("Roll")(pfor_input)
+  rank = pfor_input.op.inputs[0].shape.rank
+  offset = 1 if stacked else 0
+  shift_by_axis = {}
+  for shift, axis in zip(shifts.reshape(-1), axes.reshape(-1)):
+    axis = int(axis) % rank
+    shift_by_axis[axis] = shift_by_axis.get(axis, 0) + int(shift)
+  for axis, shift in shift_by_axis.items():
+    length = value.shape[axis + offset]
+    positions = [(k - shift) % length for k in range(length)]
+    value = tf.gather(value, positions, axis=axis + offset)
+  return [tf_internal.wrap_converted(value, stacked)]
+
+
+@_do_not_convert
+def _convert_argmin(pfor_input):
+  value, stacked, _ = pfor_input.input(0)
+  if not (value.dtype.is_floating or (value.dtype.is_integer and
+                                      not value.dtype.is_unsigned)):
+    return tf_internal.default_pfor_converter("ArgMin")(pfor_input)
+  axis = pfor_input.unstacked_input(1)
+  rank = pfor_input.op.inputs[0].shape.rank
+  if stacked:
+    axis = tf.where(axis < 0, axis + rank, axis) + 1
+  # -x reverses the order, ties keep the first position; for integers -min
+  # overflows, so compare against the maximum instead.
+  flipped = -value if value.dtype.is_floating else value.dtype.max - value
+  result = tf.math.argmax(flipped, axis=axis,
+                          output_type=pfor_input.get_attr("output_type"))
+  return [tf_internal.wrap_converted(result, stacked)]
+
+
+@_do_not_convert
+def _convert_band_part(pfor_input):
+  value, stacked, known = _static_shapes(pfor_input)
+  lower = tf.get_static_value(pfor_input.unstacked_input(1))
+  upper = tf.get_static_value(pfor_input.unstacked_input(2))
+  if not known or lower is None or upper is None:
+    return tf_internal.default_pfor_converter("MatrixBandPart")(pfor_input)
+  rows, columns = value.shape[-2:]
+  row = tf.range(rows)[:, None]
+  column = tf.range(columns)[None, :]
+  keep = tf.ones([rows, columns], tf.bool)
+  if lower >= 0:
+    keep = tf.logical_and(keep, row - column <= int(lower))
+  if upper >= 0:
+    keep = tf.logical_and(keep, column - row <= int(upper))
+  result = tf.where(keep, value, tf.zeros_like(value))
+  return [tf_internal.wrap_converted(result, stacked)]
+
+
+@_do_not_convert
+def _convert_diag_part(pfor_input):
+  value, stacked, known = _static_shapes(pfor_input)
+  k = tf.get_static_value(pfor_input.unstacked_input(1))
+  if not known or k is None or k.size != 1 or int(k) != 0:
+    return tf_internal.default_pfor_converter("MatrixDiagPartV3")(pfor_input)
+  rows, columns = value.shape[-2:]
+  length = min(rows, columns)
+  matrices = tf.reshape(value, [-1, rows * columns])
+  diagonal = tf.gather(matrices, [d * columns + d for d in range(length)],
+                       axis=1)
+  result = tf.reshape(diagonal, value.shape[:-2].as_list() + [length])
+  return [tf_internal.wrap_converted(result, stacked)]
+
+
+@_do_not_convert
+def _convert_depthwise(pfor_input):
+  value, stacked, known = _static_shapes(pfor_input)
+  if (pfor_input.input(1).is_stacked or not stacked or not known or
+      pfor_input.get_attr("data_format") != b"NHWC"):
+    return tf_internal.default_pfor_converter("DepthwiseConv2dNative")(
+        pfor_input)
+  shape = value.shape.as_list()
+  folded = tf.reshape(value, [shape[0] * shape[1]] + shape[2:])
+  result = tf.nn.depthwise_conv2d(
+      folded, pfor_input.unstacked_input(1),
+      strides=pfor_input.get_attr("strides"),
+      padding=pfor_input.get_attr("padding").decode(),
+      dilations=pfor_input.get_attr("dilations")[1:3])
+  result = tf.reshape(result, shape[:2] + result.shape.as_list()[1:])
+  return [tf_internal.wrap_converted(result, True)]
+
+
+_CONVERTERS = {
+    "ArgMin": _convert_argmin,
+    "DepthwiseConv2dNative": _convert_depthwise,
+    "Einsum": _convert_einsum,
+    "MatrixBandPart": _convert_band_part,
+    "MatrixDiagPartV3": _convert_diag_part,
+    "ReverseV2": _convert_reverse,
+    "Roll": _convert_roll,
+}
