@@ -383,3 +383,79 @@ def test_gradient_through_a_while_loop_without_a_bound_is_an_error():
   with pytest.raises(ValueError, match="gradient through a tf.while_loop "
                      "with no maximum_iterations"):
     run(grad, data(3))
+
+
+def test_loop_in_a_loop_with_a_psum_in_the_inner_one():
+  x = data(3)
+
+  def f(v):
+    def outer(k, c):
+      inner = tf.while_loop(lambda j, d: j < 2,
+                            lambda j, d: (j + 1, lax.psum(d, "i") / N),
+                            (0, c))[1]
+      return k + 1, inner + tf.cast(k, tf.float32)
+    return tf.while_loop(lambda k, c: k < 3, outer, (0, v))[1]
+
+  c = x.astype(np.float64)
+  for k in range(3):
+    for _ in range(2):
+      c = np.broadcast_to(c.sum(0) / N, c.shape)
+    c = c + k
+  np.testing.assert_allclose(run(f, x), c, rtol=1e-5, atol=1e-6)
+
+
+def test_scan_inside_a_loop_and_a_per_device_loop_inside_a_loop():
+  x = data(4)
+
+  def f(v):
+    def outer(k, c):
+      c = tf.scan(lambda a, e: a + e, c)
+      c = tf.while_loop(lambda j, d: j < lax.axis_index("i"),
+                        lambda j, d: (j + 1, d + 1.), (0, c))[1]
+      return k + 1, c
+    return tf.while_loop(lambda k, c: k < 2, outer, (0, v))[1]
+
+  c = x.astype(np.float64)
+  for _ in range(2):
+    c = np.cumsum(c, axis=1) + np.arange(N)[:, None]
+  np.testing.assert_allclose(run(f, x), c, rtol=1e-5)
+
+
+def test_loops_inside_a_pmap_with_steps():
+  x = data(3)
+
+  def step(carry, t):
+    carry = tf.while_loop(lambda j, c: j < 2,
+                          lambda j, c: (j + 1, c + lax.pmean(c, "i") * t),
+                          (0, carry))[1]
+    return carry, tf.reduce_sum(carry)
+
+  ts = np.tile(np.array([0.5, 1., 2.], np.float32), (N, 1))
+  carry, sums = tfspmd.pmap(step, "i", steps=3)(x, ts)
+  c = x.astype(np.float64)
+  expected_sums = []
+  for t in (0.5, 1., 2.):
+    for _ in range(2):
+      c = c + c.mean(0) * t
+    expected_sums.append(c.sum(1))
+  np.testing.assert_allclose(carry, c, rtol=1e-5)
+  np.testing.assert_allclose(sums, np.stack(expected_sums, 1), rtol=1e-5)
+
+
+def test_gradient_through_a_loop_in_a_loop_is_an_error():
+  def grad(v):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      def outer(k, c):
+        inner = tf.while_loop(lambda j, d: j < 2,
+                              lambda j, d: (j + 1, tf.sin(d) + d),
+                              (0, c), maximum_iterations=2)[1]
+        return k + 1, inner * 1.5
+      y = tf.while_loop(lambda k, c: k < 2, outer, (0, v),
+                        maximum_iterations=2)[1]
+      loss = tf.reduce_sum(y * y)
+    return tape.gradient(loss, v)
+
+  with pytest.raises(ValueError, match="gradient through a loop nested in "
+                     "a loop"):
+    run(grad, data(3))

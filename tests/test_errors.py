@@ -686,19 +686,6 @@ def _():
   P(grad, "i")(np.ones((2, 3), np.float32))
 
 
-@case("loop-in-loop", OPS, "a tf.while_loop inside another loop's body",
-      ValueError,
-      r"inside the body of another loop in a mapped function: DTensor "
-      r"\(TF 2.21\) cannot place a loop nested in a loop")
-def _():
-  def outer(k, v):
-    inner = tf.while_loop(lambda j, w: j < 2, lambda j, w: (j + 1, w * 2.),
-                          (0, v))[1]
-    return k + 1, inner
-  P(lambda x: tf.while_loop(lambda k, v: k < 2, outer, (0, x))[1], "i")(
-      np.zeros((2, 3), np.float32))
-
-
 @case("new-axis-on-replicated", OPS,
       "x[None] of an in_axes=None argument (DTensor would crash)", ValueError,
       r"indexes a value that is the same on every device with a new axis "

@@ -246,15 +246,6 @@ def _loop_stacking(pfor_input, cond_graph, body_graph, values):
 @_do_not_convert
 def _convert_while(pfor_input):
   operation = pfor_input.op
-  if tf_internal.inside_loop_body():
-    raise ValueError(
-        "a tf.while_loop (or tf.scan, tf.foldl, tf.map_fn, ...) inside the "
-        "body of another loop in a mapped function: DTensor (TF 2.21) cannot "
-        "place a loop nested in a loop. Unroll one of them with a Python for "
-        "loop (its trip count must be known when tracing), or merge them "
-        "into one loop over the product of their trip counts. A pmap with "
-        "steps= runs its function inside such a loop: there, call the "
-        "function with loops in it from a pmap without steps=.")
   cond_graph = tf_internal.function_graph(operation, "cond")
   body_graph = tf_internal.function_graph(operation, "body")
   values = tf_internal.pfor_inputs(pfor_input)
@@ -278,8 +269,12 @@ def _build_loop(pfor_input, operation, cond_graph, body_graph, stacked,
   """The vectorized loop: one tf.while_loop over the stacked state."""
 
   def convert(graph, state):
+    # Through an Identity: DTensor's mesh propagation cannot follow a loop
+    # variable into a loop nested in this one ("Block argument must be
+    # enclosed by a function", TF 2.21), but follows an op's result.
     return tf_internal.convert_graph_inline(pfor_input, graph, [
-        tf_internal.ConvertedValue(t, s) for t, s in zip(state, stacked)],
+        tf_internal.ConvertedValue(tf.identity(t), s)
+        for t, s in zip(state, stacked)],
                                             prepare if graph is cond_graph
                                             else _prepare_body(graph))
 

@@ -82,7 +82,11 @@ def map_steps(fun, steps, *, frame_template, inputs, in_axes, paths,
              for y in ys]
 
   def body(t, carry, buffers):
-    new_carry, ys, _ = one_step(t, carry)
+    # Through an Identity: DTensor's mesh propagation cannot follow a loop
+    # variable into a loop in the step ("Block argument must be enclosed by
+    # a function", TF 2.21), but follows an op's result.
+    new_carry, ys, _ = one_step(tf.identity(t),
+                                [tf.identity(c) for c in carry])
     return (t + 1, new_carry,
             [_write(b, y, t, steps) for b, y in zip(buffers, ys)])
 

@@ -251,6 +251,13 @@ def _element_shape(conversion, operation, pending):
 def _empty(conversion, operation, pending):
   """The list a loop's gradient fills: as long as the loop's step bound."""
   del pending
+  if operation.get_attr("element_dtype") == tf.variant:
+    raise ValueError(
+        "the mapped function takes a gradient through a loop nested in a "
+        "loop (or a tf.scan, tf.map_fn, ... inside a loop), whose backward "
+        "pass keeps the inner loop's lists per outer step; tfspmd cannot "
+        "carry those yet. Differentiate through one level of loops: unroll "
+        "the other with a Python for loop.")
   length = _known(conversion, operation.inputs[1])
   shape = _known(conversion, operation.inputs[0])
   if length is None or length < 0:

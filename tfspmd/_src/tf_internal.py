@@ -273,18 +273,6 @@ def scratch_graph():
   return func_graph.FuncGraph("tfspmd_scratch").as_default()
 
 
-def inside_loop_body():
-  """True while a `tf.while_loop`'s condition or body is being traced."""
-  from tensorflow.python.ops import control_flow_v2_func_graphs  # pylint: disable=g-import-not-at-top
-  graph = tf.compat.v1.get_default_graph()
-  while graph is not None:
-    if isinstance(graph, (control_flow_v2_func_graphs.WhileBodyFuncGraph,
-                          control_flow_v2_func_graphs.WhileCondFuncGraph)):
-      return True
-    graph = getattr(graph, "outer_graph", None)
-  return False
-
-
 def is_loop_gradient_body(graph):
   """True if `graph` is the body of the backward loop of a while_v2 loop."""
   from tensorflow.python.ops import while_v2  # pylint: disable=g-import-not-at-top
