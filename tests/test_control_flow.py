@@ -459,3 +459,47 @@ def test_gradient_through_a_loop_in_a_loop_is_an_error():
   with pytest.raises(ValueError, match="gradient through a loop nested in "
                      "a loop"):
     run(grad, data(3))
+
+
+PERMUTATION = [3, 0, 7, 1, 2, 6, 4, 5]
+COLLECTIVES = {
+    # name: (per-device collective, NumPy over the stacked [N, ...] input)
+    "psum": (lambda v: lax.psum(v, "i"),
+             lambda x: np.broadcast_to(x.sum(0), x.shape)),
+    "pmax": (lambda v: lax.pmax(v, "i"),
+             lambda x: np.broadcast_to(x.max(0), x.shape)),
+    "all_gather": (lambda v: lax.all_gather(v, "i"),
+                   lambda x: np.broadcast_to(x, (N,) + x.shape)),
+    "psum_scatter": (lambda v: lax.psum_scatter(v, "i"),
+                     lambda x: x.sum(0)),
+    "all_to_all": (lambda v: lax.all_to_all(v, "i", 0, 0),
+                   lambda x: np.swapaxes(x, 0, 1)),
+    "pswapaxes": (lambda v: lax.pswapaxes(v, "i", 0),
+                  lambda x: np.swapaxes(x, 0, 1)),
+    "pshuffle": (lambda v: lax.pshuffle(v, "i", PERMUTATION),
+                 lambda x: x[PERMUTATION]),
+    "ppermute": (lambda v: lax.ppermute(v, "i", [(k, (k + 1) % N)
+                                                 for k in range(N)]),
+                 lambda x: np.roll(x, 1, axis=0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COLLECTIVES))
+def test_every_collective_in_a_loop_and_a_cond(name):
+  collective, reference = COLLECTIVES[name]
+  x = data(N, 2)
+  shape = reference(x).shape[1:]
+
+  def in_loop(v):
+    def body(k, total):
+      return k + 1, total + collective(v + tf.cast(k, tf.float32))
+    return tf.while_loop(lambda k, _: k < 2, body, (0, tf.zeros(shape)))[1]
+
+  def in_cond(v, flag):
+    return tf.cond(flag > 0, lambda: collective(v), lambda: collective(-v))
+
+  np.testing.assert_allclose(run(in_loop, x), reference(x) + reference(x + 1),
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(run(in_cond, x, np.float32(-1.),
+                                 in_axes=(0, None)), reference(-x),
+                             rtol=1e-5, atol=1e-5)
