@@ -442,7 +442,9 @@ def test_loops_inside_a_pmap_with_steps():
   np.testing.assert_allclose(sums, np.stack(expected_sums, 1), rtol=1e-5)
 
 
-def test_gradient_through_a_loop_in_a_loop_is_an_error():
+def test_gradient_through_a_loop_in_a_loop():
+  x = data(3) * 0.5
+
   def grad(v):
     with tf.GradientTape() as tape:
       tape.watch(v)
@@ -450,15 +452,54 @@ def test_gradient_through_a_loop_in_a_loop_is_an_error():
         inner = tf.while_loop(lambda j, d: j < 2,
                               lambda j, d: (j + 1, tf.sin(d) + d),
                               (0, c), maximum_iterations=2)[1]
-        return k + 1, inner * 1.5
+        return k + 1, inner * lax.pmean(c, "i")
       y = tf.while_loop(lambda k, c: k < 2, outer, (0, v),
                         maximum_iterations=2)[1]
       loss = tf.reduce_sum(y * y)
     return tape.gradient(loss, v)
 
-  with pytest.raises(ValueError, match="gradient through a loop nested in "
-                     "a loop"):
-    run(grad, data(3))
+  def total_loss(flat):
+    # Every device's loss, summed (pmean's transpose is pmean).
+    c = flat.reshape(x.shape)
+    for _ in range(2):
+      inner = c
+      for _ in range(2):
+        inner = np.sin(inner) + inner
+      c = inner * c.mean(0)
+    return (c * c).sum()
+
+  expected = numpy_reference.finite_difference(
+      total_loss, x.astype(np.float64).reshape(-1), eps=1e-6).reshape(x.shape)
+  np.testing.assert_allclose(run(grad, x), expected, rtol=1e-3, atol=1e-5)
+
+
+def test_gradient_through_a_scan_inside_a_loop():
+  x = data(3) * 0.3
+
+  def grad(v):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      def outer(k, c):
+        scanned = tf.scan(lambda a, e: a * 0.5 + lax.psum(e, "i") * a, c)
+        return k + 1, scanned + c
+      y = tf.while_loop(lambda k, c: k < 2, outer, (0, v),
+                        maximum_iterations=2)[1]
+      loss = tf.reduce_sum(tf.sin(y))
+    return tape.gradient(loss, v)
+
+  def total_loss(flat):
+    c = flat.reshape(x.shape)
+    for _ in range(2):
+      totals = c.sum(0)
+      scanned = [c[:, 0]]
+      for t in range(1, c.shape[1]):
+        scanned.append(scanned[-1] * 0.5 + totals[t] * scanned[-1])
+      c = np.stack(scanned, 1) + c
+    return np.sin(c).sum()
+
+  expected = numpy_reference.finite_difference(
+      total_loss, x.astype(np.float64).reshape(-1), eps=1e-6).reshape(x.shape)
+  np.testing.assert_allclose(run(grad, x), expected, rtol=1e-3, atol=1e-5)
 
 
 PERMUTATION = [3, 0, 7, 1, 2, 6, 4, 5]

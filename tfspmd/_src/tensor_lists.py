@@ -47,9 +47,10 @@ class _Pending:
     self.length = length
     self.dtype = dtype
 
-  def materialize(self, element_shape):
+  def materialize(self, element_shape, dtype=None):
     return tf_internal.ConvertedValue(
-        tf.zeros([self.length] + list(element_shape), self.dtype), False)
+        tf.zeros([self.length] + list(element_shape), dtype or self.dtype),
+        False)
 
 
 def densify(conversion, operations, convert_loop, position=None):
@@ -250,15 +251,13 @@ def _element_shape(conversion, operation, pending):
 
 def _empty(conversion, operation, pending):
   """The list a loop's gradient fills: as long as the loop's step bound."""
-  del pending
-  if operation.get_attr("element_dtype") == tf.variant:
-    raise ValueError(
-        "the mapped function takes a gradient through a loop nested in a "
-        "loop (or a tf.scan, tf.map_fn, ... inside a loop), whose backward "
-        "pass keeps the inner loop's lists per outer step; tfspmd cannot "
-        "carry those yet. Differentiate through one level of loops: unroll "
-        "the other with a Python for loop.")
   length = _known(conversion, operation.inputs[1])
+  if length is not None and length >= 0 and (
+      operation.get_attr("element_dtype") == tf.variant):
+    # A loop nested in a loop: each element is an inner loop's list, whose
+    # dense shape the loop that pushes them finds (`_define_loop`).
+    pending[operation.outputs[0].ref()] = _Pending(int(length), None)
+    return
   shape = _known(conversion, operation.inputs[0])
   if length is None or length < 0:
     raise ValueError(
@@ -287,9 +286,10 @@ def _push_or_pop(conversion, operation, position):
         f"TensorArray (read, write, stack) instead.")
   counter = conversion.convert(position.counter)
   if operation.type == "TensorListPushBack":
-    _write(conversion, operation.outputs[0], conversion.convert(operation.inputs[0]),
-           counter, conversion.convert(operation.inputs[1]),
-           operation.inputs[1].shape)
+    item = conversion.convert(operation.inputs[1])
+    _write(conversion, operation.outputs[0],
+           conversion.convert(operation.inputs[0]), counter, item,
+           item.tensor.shape[1 if item.stacked else 0:])
     return
   steps = conversion.convert(position.steps)
   row = tf_internal.ConvertedValue(
@@ -319,7 +319,11 @@ def _define_loop(conversion, operation, pending, convert_loop):
   """Converts a While op carrying lists, giving pending ones their shape."""
   body = tf_internal.function_graph(operation, "body")
   for k, tensor in enumerate(operation.inputs):
-    if tensor.ref() in pending:
+    if tensor.ref() in pending and pending[tensor.ref()].dtype is None:
+      dtype, shape = _pushed_list(body, body.inputs[k])
+      conversion.define(tensor, pending.pop(tensor.ref()).materialize(
+          shape, dtype))
+    elif tensor.ref() in pending:
       shape = _written_shape(body, body.inputs[k])
       if shape is None:
         raise ValueError(
@@ -330,6 +334,58 @@ def _define_loop(conversion, operation, pending, convert_loop):
   outputs = conversion.apply(operation, convert_loop)
   for tensor, value in zip(operation.outputs, outputs):
     conversion.define(tensor, value)
+
+
+def _pushed_list(graph, handle):
+  """(dtype, dense shape) of the lists the ops of `graph` push to `handle`.
+
+  A loop nested in a loop's body keeps its gradient's values in a list
+  made in that body (an EmptyTensorList with a bound and a shape); the
+  outer loop's gradient pushes the inner loop's final list once per outer
+  step.
+  """
+  for operation in graph.get_operations():
+    if operation.type == "TensorListPushBack" and operation.inputs[0] is handle:
+      found = _dense_form(operation.inputs[1])
+      if found is not None:
+        return found
+  raise ValueError(
+      "the mapped function takes a gradient through loops nested more "
+      "deeply than tfspmd follows (a loop in a loop in a loop, or an inner "
+      "loop without maximum_iterations); give every loop maximum_iterations, "
+      "or unroll one level with a Python for loop.")
+
+
+def _dense_form(handle):
+  """(dtype, dense shape) of the list `handle`, from the op that made it.
+
+  Follows the list back through loops (an output to the loop's input),
+  identities and writes to the op that made it, whose bound or tensor
+  gives its shape when tracing.
+  """
+  while True:
+    kind = handle.op.type
+    if kind in _WHILE:
+      handle = handle.op.inputs[handle.value_index]
+    elif kind in ("Identity", "TensorListSetItem", "TensorListPushBack"):
+      handle = handle.op.inputs[0]
+    else:
+      break
+  operation = handle.op
+  if operation.type == "TensorListFromTensor":
+    shape = operation.inputs[0].shape
+    if shape.is_fully_defined():
+      return operation.inputs[0].dtype, shape.as_list()
+    return None
+  if operation.type not in ("EmptyTensorList", "TensorListReserve"):
+    return None
+  length = tf.get_static_value(operation.inputs[1])
+  shape = tf.get_static_value(operation.inputs[0])
+  dtype = operation.get_attr("element_dtype")
+  if (length is None or length < 0 or shape is None or shape.ndim != 1 or
+      any(d < 0 for d in shape) or dtype == tf.variant):
+    return None
+  return dtype, [int(length)] + [int(d) for d in shape]
 
 
 def _written_shape(graph, handle):
