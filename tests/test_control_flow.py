@@ -371,20 +371,6 @@ def test_gradient_through_a_loop_per_device_matches_debug_mode():
                              rtol=1e-5)
 
 
-def test_gradient_through_a_while_loop_without_a_bound_is_an_error():
-  def grad(v):
-    with tf.GradientTape() as tape:
-      tape.watch(v)
-      y = tf.while_loop(lambda k, c: k < 2, lambda k, c: (k + 1, c * c),
-                        (0, v))[1]
-      loss = tf.reduce_sum(y)
-    return tape.gradient(loss, v)
-
-  with pytest.raises(ValueError, match="gradient through a tf.while_loop "
-                     "with no maximum_iterations"):
-    run(grad, data(3))
-
-
 def test_loop_in_a_loop_with_a_psum_in_the_inner_one():
   x = data(3)
 
