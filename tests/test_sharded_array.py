@@ -1,5 +1,7 @@
 """The ShardedArray result type."""
 
+import time
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -99,3 +101,28 @@ def test_nested_result_indexes_rows():
   np.testing.assert_array_equal(out[3], expected_rows[3])
   assert len(out.addressable_shards) == 8
   assert out.addressable_shards[5].index == (slice(2, 3), slice(1, 2))
+
+
+def test_block_until_ready_waits_for_the_values(monkeypatch):
+  # Under DTensor's multi-device expansion (read when DTensor expands a
+  # function, so set before the first call) a call returns before the
+  # values exist; block_until_ready must wait for them. If it did not, the
+  # fetch after it would take the whole computation instead of a copy.
+  monkeypatch.setenv("DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION", "1")
+
+  def chain(a):
+    product = a
+    for _ in range(12):
+      product = tf.tanh(product @ a)
+    return product
+
+  f = tfspmd.pmap(chain)
+  x = np.random.default_rng(0).standard_normal((8, 256, 256)).astype(
+      np.float32) / 16
+  np.asarray(f(x))
+  start = time.perf_counter()
+  out = f(x).block_until_ready()
+  waited = time.perf_counter() - start
+  np.asarray(out)
+  fetched = time.perf_counter() - start - waited
+  assert fetched < 0.5 * waited, (waited, fetched)

@@ -122,10 +122,16 @@ class ShardedArray:
     return shards
 
   def block_until_ready(self):
-    """Waits until the computation producing the array has finished."""
+    """Waits until the computation producing the array has finished.
+
+    Unpacking the DTensor into its per-device tensors waits for each of
+    them; the eager executor's own wait does not cover a multi-device
+    function's results (DTensor's multi-device expansion, TF 2.21).
+    """
     self._check_alive()
     with distributed.peer_failures():
       tf_internal.wait_for_pending_ops()
+      dtensor.unpack(self._value)
     return self
 
   def is_deleted(self):
