@@ -125,6 +125,11 @@ OPS = {
     "tf.nn.avg_pool2d": (lambda x: tf.nn.avg_pool2d(x, 2, 2, "VALID"),
                          (IMAGES,)),
     "tf.image.resize": (lambda x: tf.image.resize(x, [3, 3]), (IMAGES,)),
+    "tf.image.resize nearest": (
+        lambda x: tf.image.resize(x, [4, 4], method="nearest"), (IMAGES,)),
+    "tf.image.resize bicubic": (
+        lambda x: tf.image.resize(x, [9, 9], method="bicubic"), (IMAGES,)),
+    "tf.nn.l2_loss": (tf.nn.l2_loss, (VECTOR,)),
     "tf.image.flip_left_right": (tf.image.flip_left_right, (IMAGES,)),
     "tf.image.rgb_to_grayscale": (tf.image.rgb_to_grayscale, (IMAGES,)),
     "tf.image.crop_to_bounding_box": (

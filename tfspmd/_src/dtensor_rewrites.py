@@ -1,4 +1,4 @@
-"""pfor converters that write ops DTensor cannot place with ops it can.
+"""pfor converters that write ops pfor or DTensor cannot handle with ops they can.
 
 DTensor (TF 2.21) has no layout propagation for `ReverseV2`, `Roll`,
 `ArgMin`, `MatrixBandPart` and `MatrixDiagPartV3`, and refuses an `Einsum`
@@ -8,7 +8,9 @@ known: a reverse or a roll is a gather of permuted positions, an argmin the
 argmax of the negated value, a band a mask, a diagonal a gather, and an
 ellipsis stands for as many explicit axis letters as the operands' ranks
 leave. pfor's own converter of a depthwise convolution needs a per-device
-filter; with a filter the same everywhere, the devices fold into the batch.
+filter; with a filter the same everywhere, the devices fold into the batch,
+and so they do for the image resizes pfor has no converter for. pfor has
+none for `L2Loss` either: half the sum of squares.
 """
 
 import string
@@ -193,8 +195,40 @@ def _convert_depthwise(pfor_input):
   return [tf_internal.wrap_converted(result, True)]
 
 
+@_do_not_convert
+def _convert_batch_folded(pfor_input):
+  """An op on a batch of images, the devices folded into the batch."""
+  value, stacked, known = _static_shapes(pfor_input)
+  others = [pfor_input.input(k) for k in range(1, pfor_input.num_inputs)]
+  if not stacked or not known or any(o.is_stacked for o in others):
+    raise ValueError(
+        f"the function mapped over the axis gives {pfor_input.op.type} "
+        f"arguments other than the images that differ between devices; "
+        f"tfspmd maps it only over images of a static shape, with the same "
+        f"size and options on every device.")
+  shape = value.shape.as_list()
+  folded = tf.reshape(value, [shape[0] * shape[1]] + shape[2:])
+  result = tf_internal.recreate_op(pfor_input.op,
+                                   [folded] + [o.t for o in others])[0]
+  result = tf.reshape(result, shape[:2] + result.shape.as_list()[1:])
+  return [tf_internal.wrap_converted(result, True)]
+
+
+@_do_not_convert
+def _convert_l2_loss(pfor_input):
+  value = pfor_input.stacked_input(0)
+  half_sum = tf.reduce_sum(tf.square(value),
+                           axis=list(range(1, value.shape.rank))) / 2
+  return [tf_internal.wrap_converted(half_sum, True)]
+
+
 _CONVERTERS = {
     "ArgMin": _convert_argmin,
+    "L2Loss": _convert_l2_loss,
+    "ResizeArea": _convert_batch_folded,
+    "ResizeBicubic": _convert_batch_folded,
+    "ResizeBilinear": _convert_batch_folded,
+    "ResizeNearestNeighbor": _convert_batch_folded,
     "DepthwiseConv2dNative": _convert_depthwise,
     "Einsum": _convert_einsum,
     "MatrixBandPart": _convert_band_part,
