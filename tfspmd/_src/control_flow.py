@@ -17,6 +17,9 @@ and give the loop state dynamic shapes. DTensor can place none of those
   branch index, and with one the same everywhere (whose other branches
   then cost compute, not correctness).
 * A call of a `tf.function` is inlined.
+* Loops nest: each loop's variables enter its body through an Identity
+  (see `_build_loop`), and TensorArrays, including those of a loop's
+  gradient, are dense tensors (`tensor_lists`).
 
 A collective needs every device of its axes to reach it. Where the devices
 of a loop or conditional may go different ways, a collective inside it is
