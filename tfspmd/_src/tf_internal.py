@@ -18,7 +18,8 @@ try:
   from tensorflow.dtensor.python import accelerator_util as _accelerator_util
   from tensorflow.python.eager import context as _context
   from tensorflow.python.eager import record as _record
-  from tensorflow.python.ops.parallel_for import control_flow_ops as _pfor_ops
+  from tensorflow.python.framework import func_graph as _func_graph
+  from tensorflow.python.ops import while_v2 as _while_v2
   from tensorflow.python.ops.parallel_for import pfor as _pfor
 except ImportError as e:  # pragma: no cover - depends on the installed TF.
   raise ImportError(
@@ -30,8 +31,11 @@ except ImportError as e:  # pragma: no cover - depends on the installed TF.
 def _check_pfor_hooks():
   """Fails at import, naming the TF version, if a pfor hook tfspmd needs moved."""
   import inspect  # pylint: disable=import-outside-toplevel
-  missing = [name for name in ("_pfor_impl",) if not hasattr(_pfor_ops, name)]
-  missing += [name for name in ("wrap", "PFor") if not hasattr(_pfor, name)]
+  missing = [name for name in ("wrap", "PFor", "_PforInput", "_stack",
+                               "_create_op", "_pfor_converter_registry")
+             if not hasattr(_pfor, name)]
+  if not hasattr(_while_v2, "_WhileBodyGradFuncGraph"):
+    missing.append("while_v2._WhileBodyGradFuncGraph")
   source = inspect.getsource(_pfor.PFor)
   if '"pfor_converter"' not in source:
     missing.append("PFor's per-op `pfor_converter` hook")
@@ -56,8 +60,7 @@ def vectorize_loop(loop_fn, iterations, prepare):
   vectorized form enters the caller's graph. `prepare` is as for
   `convert_graph_inline`.
   """
-  from tensorflow.python.framework import func_graph  # pylint: disable=g-import-not-at-top
-  per_position = func_graph.FuncGraph("tfspmd_per_device")
+  per_position = _func_graph.FuncGraph("tfspmd_per_device")
   with per_position.as_default():
     loop_var = tf.compat.v1.placeholder_with_default(0, shape=[])
     outputs = [tf.convert_to_tensor(t) for t in loop_fn(loop_var)]
@@ -269,14 +272,12 @@ def stacked(value, size):
 
 def scratch_graph():
   """A throw-away function graph to trace into (captures outer tensors)."""
-  from tensorflow.python.framework import func_graph  # pylint: disable=g-import-not-at-top
-  return func_graph.FuncGraph("tfspmd_scratch").as_default()
+  return _func_graph.FuncGraph("tfspmd_scratch").as_default()
 
 
 def is_loop_gradient_body(graph):
   """True if `graph` is the body of the backward loop of a while_v2 loop."""
-  from tensorflow.python.ops import while_v2  # pylint: disable=g-import-not-at-top
-  return isinstance(graph, while_v2._WhileBodyGradFuncGraph)  # pylint: disable=protected-access
+  return isinstance(graph, _while_v2._WhileBodyGradFuncGraph)  # pylint: disable=protected-access
 
 
 def recreate_op(operation, inputs):
