@@ -649,6 +649,15 @@ def _():
   P(lambda x: x + tf.random.uniform([3]), "i")(np.zeros((2, 3), np.float32))
 
 
+@case("random-generator", OPS, "a tf.random.Generator drawn inside",
+      ValueError,
+      r"draws from a tf.random.Generator \(RngReadAndSkip\).*"
+      r"generator.make_seeds\(n\)")
+def _():
+  generator = tf.random.Generator.from_seed(5)
+  P(lambda x: x + generator.normal([3]), "i")(np.zeros((2, 3), np.float32))
+
+
 @case("collective-in-diverging-cond", OPS,
       "a psum in a tf.cond whose predicate differs between devices",
       ValueError,

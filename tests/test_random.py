@@ -95,3 +95,13 @@ def test_random_in_a_loop_with_a_per_device_key():
   expected = np.broadcast_to(noise.mean(0).sum(0), (N, 2))
   np.testing.assert_allclose(tfspmd.pmap(walk, "i")(KEYS), expected,
                              rtol=1e-5, atol=1e-6)
+
+
+def test_generator_seeds_made_outside_one_column_per_device():
+  seeds = tf.random.Generator.from_seed(5).make_seeds(N)
+  out = np.asarray(tfspmd.pmap(
+      lambda seed: tf.random.stateless_normal([3], seed=seed), "i",
+      in_axes=1)(seeds))
+  draw = lambda seed: tf.random.stateless_normal([3], seed=seed)
+  np.testing.assert_array_equal(out, eager_per_device(draw,
+                                                      np.asarray(seeds).T))

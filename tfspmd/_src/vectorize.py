@@ -129,6 +129,14 @@ def _unvectorizable_error(op_type, input_name, axis_name):
         f"every device. Pass the value it comes from with in_axes=None (and "
         f"keep it out of per-device computations), or compute it outside the "
         f"mapped function.")
+  if op_type.startswith(("Rng", "Stateful")):
+    return ValueError(
+        f"the function mapped over axis {axis_name!r} draws from a "
+        f"tf.random.Generator ({op_type}), whose state is a variable a mapped "
+        f"function cannot update. Draw one seed per device outside "
+        f"(`generator.make_seeds(n)`, a column per device, passed with "
+        f"in_axes=1) and use tf.random.stateless_* ops with it inside "
+        f"(docs/randomness.md).")
   if "Assign" in op_type or op_type.startswith(("ResourceScatter",
                                                 "ResourceApply")):
     return ValueError(
