@@ -179,37 +179,40 @@ def _convert_diag_part(pfor_input):
 
 @_do_not_convert
 def _convert_depthwise(pfor_input):
-  value, stacked, known = _static_shapes(pfor_input)
+  _, stacked, known = _static_shapes(pfor_input)
   if (pfor_input.input(1).is_stacked or not stacked or not known or
       pfor_input.get_attr("data_format") != b"NHWC"):
     return tf_internal.default_pfor_converter("DepthwiseConv2dNative")(
         pfor_input)
-  shape = value.shape.as_list()
-  folded = tf.reshape(value, [shape[0] * shape[1]] + shape[2:])
-  result = tf.nn.depthwise_conv2d(
-      folded, pfor_input.unstacked_input(1),
-      strides=pfor_input.get_attr("strides"),
-      padding=pfor_input.get_attr("padding").decode(),
-      dilations=pfor_input.get_attr("dilations")[1:3])
-  result = tf.reshape(result, shape[:2] + result.shape.as_list()[1:])
-  return [tf_internal.wrap_converted(result, True)]
+  return _on_folded_batch(pfor_input)
 
 
 @_do_not_convert
 def _convert_batch_folded(pfor_input):
   """An op on a batch of images, the devices folded into the batch."""
-  value, stacked, known = _static_shapes(pfor_input)
-  others = [pfor_input.input(k) for k in range(1, pfor_input.num_inputs)]
-  if not stacked or not known or any(o.is_stacked for o in others):
+  _, stacked, known = _static_shapes(pfor_input)
+  if not stacked or not known or any(
+      pfor_input.input(k).is_stacked for k in range(1, pfor_input.num_inputs)):
     raise ValueError(
         f"the function mapped over the axis gives {pfor_input.op.type} "
         f"arguments other than the images that differ between devices; "
         f"tfspmd maps it only over images of a static shape, with the same "
         f"size and options on every device.")
+  return _on_folded_batch(pfor_input)
+
+
+def _on_folded_batch(pfor_input):
+  """The op on its first input with the devices folded into its batch.
+
+  The first input is stacked and of static shape; the others are the same
+  on every device.
+  """
+  value = pfor_input.stacked_input(0)
   shape = value.shape.as_list()
   folded = tf.reshape(value, [shape[0] * shape[1]] + shape[2:])
-  result = tf_internal.recreate_op(pfor_input.op,
-                                   [folded] + [o.t for o in others])[0]
+  others = [pfor_input.unstacked_input(k)
+            for k in range(1, pfor_input.num_inputs)]
+  result = tf_internal.recreate_op(pfor_input.op, [folded] + others)[0]
   result = tf.reshape(result, shape[:2] + result.shape.as_list()[1:])
   return [tf_internal.wrap_converted(result, True)]
 
