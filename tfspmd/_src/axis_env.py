@@ -50,8 +50,6 @@ class TraceState:
     output_splits: id(tensor) -> (tensor, {axis: mesh_dim}) for results of
       nested pmaps.
     devices: The devices the program's mesh is made of.
-    mesh_fixed_by: The collective that named the mesh while tracing (a
-      nested pmap met after it would change the mesh), or None.
   """
   mesh_axes: list
   max_devices: int
@@ -59,20 +57,18 @@ class TraceState:
   input_splits: dict = dataclasses.field(default_factory=dict)
   output_splits: dict = dataclasses.field(default_factory=dict)
   devices: tuple = ()
-  mesh_fixed_by: str = None
 
   def mesh_key(self):
     """`(dims, sizes, devices)` of the mesh of the axes registered so far."""
     return mesh_lib.mesh_key(self.mesh_axes, self.devices)
 
-  def layout(self, spec, collective):
+  def layout(self, spec):
     """A DTensor layout on the program's mesh, from inside its trace.
 
-    The mesh is the one of the axes registered so far; `collective` is
-    recorded so that a nested pmap met later (which would add a mesh
-    dimension) is an error naming it.
+    Collectives lay out values while the outer pfor converts them, after
+    the whole per-device function (and every nested pmap in it) is traced,
+    so the axes registered by then are all of the program's.
     """
-    self.mesh_fixed_by = collective
     return dtensor.Layout(list(spec), mesh_lib.mesh_for_axes(*self.mesh_key()))
 
   def slice_tracker(self, values, axes):

@@ -538,13 +538,6 @@ def _inner_splits(state, per_device):
 
 def _register_nested_axis(state, axis_name, size, depth):
   """Adds the mesh dimension of a nested pmap at `depth`, or reuses it."""
-  if depth >= len(state.mesh_axes) and state.mesh_fixed_by is not None:
-    raise ValueError(
-        f"pmap over axis {axis_name!r} is nested in a function that already "
-        f"ran {state.mesh_fixed_by} over the outer axis alone; tfspmd lays "
-        f"that collective out on the mesh of the axes known when it is "
-        f"traced. Call the nested pmap before the {state.mesh_fixed_by}, or "
-        f"in a function of its own.")
   if depth < len(state.mesh_axes):
     _, known_size, dim = state.mesh_axes[depth]
     if known_size != size:

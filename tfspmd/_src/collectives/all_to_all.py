@@ -20,7 +20,7 @@ _ALL_TO_ALL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64,
                       tf.int32, tf.int64)
 
 
-def _all_to_all_step(split_axis, concat_axis, tiled, function):
+def _all_to_all_step(split_axis, concat_axis, tiled):
   def step(tensor, stacked, frame, batch_dims):
     size = frame.size
     if not stacked:
@@ -32,7 +32,7 @@ def _all_to_all_step(split_axis, concat_axis, tiled, function):
       shape = tensor.shape.as_list()
       tensor = tf.reshape(tensor, shape[:split] + [size, shape[split] // size] +
                           shape[split + 1:])
-    moved = _move_axis(_exchange(tensor, split, function), 1, concat)
+    moved = _move_axis(_exchange(tensor, split), 1, concat)
     if not tiled:
       return moved, True
     # Concatenate the senders j into the concat axis that follows them.
@@ -42,7 +42,7 @@ def _all_to_all_step(split_axis, concat_axis, tiled, function):
   return step
 
 
-def _exchange(tensor, split, function):
+def _exchange(tensor, split):
   """[sender j, ..., block i at `split`, ...] -> [i, j, ...]: the all-to-all.
 
   A transpose of the stacked axis with the split axis is DTensor's
@@ -73,8 +73,8 @@ def _exchange(tensor, split, function):
     senders_split = [dtensor.UNSHARDED] * moved.shape.rank
     senders_split[1] = dim
     receivers_split = [dim] + [dtensor.UNSHARDED] * (moved.shape.rank - 1)
-    moved = dtensor.relayout(moved, state.layout(senders_split, function))
-    return dtensor.relayout(moved, state.layout(receivers_split, function))
+    moved = dtensor.relayout(moved, state.layout(senders_split))
+    return dtensor.relayout(moved, state.layout(receivers_split))
   size = tensor.shape[0]
   blocks_second = _move_axis(tensor, split, 1)
   pairs = np.stack(np.meshgrid(np.arange(size), np.arange(size),
@@ -109,8 +109,7 @@ def _all_to_all_leaf(value, targets, split_axis, concat_axis, tiled,
     del shape[split_axis]
     shape.insert(concat_axis, size)
   return marker.with_transpose(
-      value, targets, _all_to_all_step(split_axis, concat_axis, tiled,
-                                        function),
+      value, targets, _all_to_all_step(split_axis, concat_axis, tiled),
       function,
       lambda cotangent: _all_to_all_leaf(cotangent, targets, concat_axis,
                                          split_axis, tiled, function,
