@@ -343,3 +343,24 @@ def test_collectives_of_every_dtype(dtype):
   np.testing.assert_array_equal(np.asarray(out[0]), np.swapaxes(x, 0, 1))
   np.testing.assert_array_equal(np.asarray(out[1]), np.roll(x, 1, axis=0))
   np.testing.assert_array_equal(np.asarray(out[2]), np.broadcast_to(x, (8,) + x.shape))
+
+
+@pytest.mark.parametrize("order", [[7, 6, 5, 4, 3, 2, 1, 0], [3, 1, 0, 2, 7, 5, 4, 6]])
+def test_collectives_on_devices_out_of_id_order(order):
+  # DTensor's all-to-all and gather lowerings put blocks in device id order;
+  # position k of the axis must still be the k-th device given.
+  devices = [tfspmd.devices()[k] for k in order]
+  x = np.arange(64, dtype=np.float32).reshape(8, 8)
+  ring = [(k, (k + 1) % 8) for k in range(8)]
+
+  def per_device(v):
+    return (lax.all_gather(v, "i"), lax.ppermute(v, "i", ring),
+            lax.all_to_all(v, "i", 0, 0), lax.psum_scatter(v, "i"),
+            lax.axis_index("i"))
+
+  out = [np.asarray(o) for o in tfspmd.pmap(per_device, "i", devices=devices)(x)]
+  np.testing.assert_array_equal(out[0], np.broadcast_to(x, (8, 8, 8)))
+  np.testing.assert_array_equal(out[1], np.roll(x, 1, axis=0))
+  np.testing.assert_array_equal(out[2], x.T)
+  np.testing.assert_array_equal(out[3], x.sum(0))
+  np.testing.assert_array_equal(out[4], np.arange(8))

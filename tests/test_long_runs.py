@@ -82,8 +82,12 @@ def test_python_allocations_stay_flat_over_calls():
     after = tracemalloc.take_snapshot()
   finally:
     tracemalloc.stop()
-  growth = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-  assert growth < 64 * 1024, f"Python allocations grew by {growth} bytes"
+  # Allocations made in tfspmd's own files: DTensor's `pack` keeps about
+  # 60 bytes a call of its own (TF 2.21), which no tfspmd change can remove.
+  own = [tracemalloc.Filter(True, "*/tfspmd/*")]
+  growth = sum(stat.size_diff for stat in after.filter_traces(own).compare_to(
+      before.filter_traces(own), "filename"))
+  assert growth < 16 * 1024, f"Python allocations grew by {growth} bytes"
 
 
 def test_threads_share_one_pmapped_function():

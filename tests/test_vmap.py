@@ -83,6 +83,25 @@ def test_vmap_inside_pmap_with_collectives_over_both_names():
   np.testing.assert_array_equal(out[5], np.roll(x, 1, axis=1))
 
 
+def test_exchanges_over_a_vmapped_axis_inside_pmap():
+  # The pmap's own axis moves blocks with DTensor's all-to-all; a vmap's
+  # axis is not split over devices and must not take that route.
+  x = data(4, 2, 2, 4)
+
+  def per_example(v):
+    return (lax.all_to_all(v, "b", 0, 0), lax.psum_scatter(v, "b"),
+            lax.pswapaxes(v, "i", 1),
+            lax.psum_scatter(v, "i", scatter_dimension=1, tiled=True))
+
+  out = [np.asarray(o) for o in tfspmd.pmap(
+      tfspmd.vmap(per_example, axis_name="b"), axis_name="i")(x)]
+  np.testing.assert_array_equal(out[0], np.swapaxes(x, 1, 2))
+  np.testing.assert_allclose(out[1], x.sum(1), rtol=1e-5)
+  np.testing.assert_array_equal(out[2], np.transpose(x, (3, 1, 2, 0)))
+  np.testing.assert_allclose(out[3], np.transpose(x.sum(0), (2, 0, 1))[..., None],
+                             rtol=1e-5)
+
+
 def test_pmap_inside_vmap_inside_pmap():
   y = data(2, 3, 4)
   f = tfspmd.pmap(tfspmd.vmap(tfspmd.pmap(

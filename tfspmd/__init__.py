@@ -10,7 +10,9 @@ collectives from `tfspmd.lax`:
 """
 
 from tfspmd._src import devices as _devices
+from tfspmd._src import dtensor_settings as _dtensor_settings
 
+_dtensor_settings.record_user_settings()
 _devices.configure_from_environment()
 
 # pylint: disable=g-import-not-at-top,useless-import-alias

@@ -25,6 +25,7 @@ from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
 from tfspmd._src import distributed
 from tfspmd._src import dtensor_errors
+from tfspmd._src import dtensor_settings
 from tfspmd._src import lru
 from tfspmd._src import mapped_args
 from tfspmd._src import mesh as mesh_lib
@@ -56,6 +57,7 @@ class _Program:
   mesh: object
   size: int
   trainable_variables: tuple
+  dtensor_switches: tuple
 
 
 @functools.lru_cache(maxsize=4096)
@@ -213,11 +215,12 @@ class PmappedFunction:
     placed = [_place(value, placement)
               for value, placement in zip(values, program.input_placements)]
     try:
-      if placed:
-        outputs = program.function(*placed)
-      else:
-        with dtensor.run_on(program.mesh):
-          outputs = program.function()
+      with dtensor_settings.applied(program.dtensor_switches):
+        if placed:
+          outputs = program.function(*placed)
+        else:
+          with dtensor.run_on(program.mesh):
+            outputs = program.function()
     except tf.errors.OpError as e:
       distributed.raise_peer_failure(e)
       explained = dtensor_errors.explain(e, self._axis_name)
@@ -338,6 +341,9 @@ class PmappedFunction:
         output_axes=tuple(result.out_axes),
         size=size,
         trainable_variables=tuple(concrete.trainable_variables),
+        dtensor_switches=dtensor_settings.for_program(
+            mesh_key[2], len(mesh_key[1]),
+            devices_lib.process_count(), concrete.graph.as_graph_def()),
         mesh=built["placements"][0].mesh if built["placements"] else
         mesh_lib.mesh_for_axes(*mesh_key))
     self._programs.put(key, program)

@@ -118,7 +118,7 @@ class ShardedArray:
       components = dtensor.unpack(self._value)
     for (device, index), data in zip(self._placement.local_view, components):
       shards.append(Shard(device=device, index=placement_lib.block_slices(
-          index, self._shape.as_list(), counts), data=data))
+          index, self._shape.as_list(), counts), data=_on(device, data)))
     return shards
 
   def block_until_ready(self):
@@ -196,9 +196,10 @@ class ShardedArray:
       key %= size
       with distributed.peer_failures():
         components = dtensor.unpack(self._value)
-      for (_, index), data in zip(self._placement.local_view, components):
+      for (device, index), data in zip(self._placement.local_view,
+                                       components):
         if index[0] == key:
-          with tf.device(data.device):
+          with tf.device(device.name):
             return tf.squeeze(data, axis=0)
     return tf.convert_to_tensor(self.numpy()[key])
 
@@ -219,3 +220,15 @@ class ShardedArray:
       return f"ShardedArray(<deleted>, shape={self._shape.as_list()})"
     body = np.array2string(self.numpy(), separator=", ", prefix="ShardedArray(")
     return f"ShardedArray({body}, dtype={self._dtype.name})"
+
+
+def _on(device, data):
+  """`data` as a tensor of `device`.
+
+  DTensor's multi-device expansion unpacks its outputs as tensors of the
+  host's first CPU device, whichever device computed them (TF 2.21).
+  """
+  if data.device == device.name:
+    return data
+  with tf.device(device.name):
+    return tf.identity(data)

@@ -37,3 +37,12 @@ def move_front_axis_to(value, axis):
   order = list(range(1, rank))
   order.insert(axis, 0)
   return tf.transpose(value, order)
+
+
+def move_axis(value, source, destination):
+  """`value` with axis `source` moved to `destination`, the others in order."""
+  if source == destination:
+    return value
+  order = list(range(value.shape.rank))
+  order.insert(destination, order.pop(source))
+  return tf.transpose(value, order)

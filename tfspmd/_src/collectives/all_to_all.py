@@ -8,16 +8,12 @@ with the split and concat axes swapped.
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.experimental import dtensor
 
 from tfspmd._src import axis_env
 from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
-
-
-_ALL_TO_ALL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64,
-                      tf.int32, tf.int64)
+from tfspmd._src.collectives import resplit
 
 
 def _all_to_all_step(split_axis, concat_axis, tiled):
@@ -32,7 +28,7 @@ def _all_to_all_step(split_axis, concat_axis, tiled):
       shape = tensor.shape.as_list()
       tensor = tf.reshape(tensor, shape[:split] + [size, shape[split] // size] +
                           shape[split + 1:])
-    moved = _move_axis(_exchange(tensor, split), 1, concat)
+    moved = stacking.move_axis(_exchange(tensor, split, frame), 1, concat)
     if not tiled:
       return moved, True
     # Concatenate the senders j into the concat axis that follows them.
@@ -42,7 +38,7 @@ def _all_to_all_step(split_axis, concat_axis, tiled):
   return step
 
 
-def _exchange(tensor, split):
+def _exchange(tensor, split, frame):
   """[sender j, ..., block i at `split`, ...] -> [i, j, ...]: the all-to-all.
 
   A transpose of the stacked axis with the split axis is DTensor's
@@ -65,27 +61,15 @@ def _exchange(tensor, split):
   all-to-all is that relayout, and what follows sees every device's own
   blocks.
   """
-  state = axis_env.trace_state()
-  if (tensor.dtype in _ALL_TO_ALL_DTYPES and
-      state is not None and len(state.mesh_axes) == 1):
+  resplitter = resplit.for_frame(frame, tensor.dtype)
+  if resplitter is not None:
     moved = stacking.move_axis_to_front(tensor, split)
-    dim = state.mesh_axes[0][2]
-    senders_split = [dtensor.UNSHARDED] * moved.shape.rank
-    senders_split[1] = dim
-    receivers_split = [dim] + [dtensor.UNSHARDED] * (moved.shape.rank - 1)
-    moved = dtensor.relayout(moved, state.layout(senders_split))
-    return dtensor.relayout(moved, state.layout(receivers_split))
+    return resplitter.split_along(resplitter.split_along(moved, 1), 0)
   size = tensor.shape[0]
-  blocks_second = _move_axis(tensor, split, 1)
+  blocks_second = stacking.move_axis(tensor, split, 1)
   pairs = np.stack(np.meshgrid(np.arange(size), np.arange(size),
                                indexing="ij")[::-1], axis=-1)
   return tf.gather_nd(blocks_second, pairs.astype(np.int32))
-
-
-def _move_axis(tensor, source, destination):
-  order = list(range(tensor.shape.rank))
-  order.insert(destination, order.pop(source))
-  return tf.transpose(tensor, order)
 
 
 def _all_to_all_leaf(value, targets, split_axis, concat_axis, tiled,

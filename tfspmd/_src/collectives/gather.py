@@ -14,6 +14,7 @@ from tfspmd._src import axis_env
 from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
+from tfspmd._src.collectives import resplit
 
 
 def _gather_step(axis, tiled):
@@ -38,14 +39,34 @@ def _merge_with_next(tensor, axis):
 def _scatter_step(dimension, tiled):
   def step(tensor, stacked, frame, batch_dims):
     position = batch_dims + dimension
+    resplitter = stacked and resplit.for_frame(frame, tensor.dtype)
+    if resplitter:
+      return _reduce_scatter(tensor, 1 + position, tiled, resplitter), True
     total = (tf.reduce_sum(tensor, axis=0) if stacked else
              tensor * tf.cast(frame.size, tensor.dtype))
     if tiled:
-      shape = total.shape.as_list()
-      total = tf.reshape(total, shape[:position] + [
-          frame.size, shape[position] // frame.size] + shape[position + 1:])
+      total = _split_axis(total, position, frame.size)
     return stacking.move_axis_to_front(total, position), True
   return step
+
+
+def _split_axis(tensor, axis, count):
+  """`axis` of size k*count becomes [count, k] (count major)."""
+  shape = tensor.shape.as_list()
+  return tf.reshape(tensor, shape[:axis] + [count, shape[axis] // count] +
+                    shape[axis + 1:])
+
+
+def _reduce_scatter(tensor, axis, tiled, resplitter):
+  """Sum over the stacked axis of the blocks of `axis`, block i to device i.
+
+  An all-to-all sends block i of every device to device i, which sums them:
+  (n-1)/n of the value sent per device, a reduce-scatter's ideal.
+  """
+  if tiled:
+    tensor = _split_axis(tensor, axis, resplitter.size)
+  blocks = stacking.move_axis(tensor, axis, 1)
+  return tf.reduce_sum(resplitter.split_along(blocks, 1), axis=0)
 
 
 def _all_gather_leaf(value, targets, axis, tiled):

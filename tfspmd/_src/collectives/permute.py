@@ -1,7 +1,12 @@
 """ppermute and pshuffle: send each device's value to another device.
 
 Lowering: a gather along the stacked axis by the source of each destination,
-with zeros where a device receives nothing. Transpose: the inverse
+with zeros where a device receives nothing. Where DTensor's all-to-all is
+right (`resplit`), that gather runs between two all-to-alls: each device's
+value is cut into n chunks, chunk k of every device goes to device k, which
+reorders them by destination, and the chunks go back, so each device sends
+2(n-1)/n of its value instead of receiving every device's. Elsewhere DTensor
+gathers the whole stacked value to every device. Transpose: the inverse
 permutation.
 """
 
@@ -12,6 +17,7 @@ from tfspmd._src import axis_env
 from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
+from tfspmd._src.collectives import resplit
 
 
 def _check_perm(perm, size, function):
@@ -50,13 +56,39 @@ def _permute_step(pairs):
       source_of[destination] = source
     if not stacked:
       tensor = stacking.repeat_along_new_axis(tensor, 0, size)
-    moved = tf.gather(tensor, np.maximum(source_of, 0).astype(np.int32))
-    if (source_of >= 0).all():
-      return moved, True
-    receives = tf.reshape(tf.constant(source_of >= 0),
-                          [size] + [1] * (moved.shape.rank - 1))
-    return tf.where(receives, moved, tf.zeros_like(moved)), True
+    resplitter = resplit.for_frame(frame, tensor.dtype)
+    if resplitter is None:
+      return _gather_sources(tensor, source_of), True
+    return _permute_in_chunks(tensor, source_of, resplitter), True
   return step
+
+
+def _gather_sources(tensor, source_of):
+  """Row d of the result is row `source_of[d]` of `tensor`, or zeros if -1."""
+  moved = tf.gather(tensor, np.maximum(source_of, 0).astype(np.int32))
+  if (source_of >= 0).all():
+    return moved
+  receives = tf.reshape(tf.constant(source_of >= 0),
+                        [len(source_of)] + [1] * (moved.shape.rank - 1))
+  return tf.where(receives, moved, tf.zeros_like(moved))
+
+
+def _permute_in_chunks(tensor, source_of, resplitter):
+  """`_gather_sources` between two all-to-alls over chunks of each row."""
+  shape = tensor.shape.as_list()
+  count = resplitter.size
+  rows = tf.reshape(tensor, [shape[0], -1])
+  length = rows.shape[1]
+  chunk = -(-length // count)
+  if chunk * count != length:
+    rows = tf.pad(rows, [[0, 0], [0, chunk * count - length]])
+  chunks = tf.reshape(rows, [shape[0], count, chunk])
+  by_chunk = resplitter.split_along(chunks, 1)
+  moved = resplitter.split_along(_gather_sources(by_chunk, source_of), 0)
+  rows = tf.reshape(moved, [shape[0], chunk * count])
+  if chunk * count != length:
+    rows = rows[:, :length]
+  return tf.reshape(rows, shape)
 
 
 def _ppermute_leaf(value, targets, pairs):

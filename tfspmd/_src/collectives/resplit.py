@@ -1,0 +1,50 @@
+"""Moving a value's split from one axis to another: DTensor's all-to-all.
+
+On a 1-D mesh, relaying out a tensor split along one axis so that it is split
+along another is a `CollectiveAllToAllV2` in which each device sends
+(n-1)/n of its block, the least any exchange can. all_to_all, ppermute,
+psum_scatter and all_gather are all built from it where it is right: on a
+1-D mesh (DTensor's all-to-all relayout moves the wrong blocks on meshes of
+several dimensions, TF 2.21), on devices in ascending id order (its
+all-to-all puts the blocks in device id order whatever the mesh's order),
+for the dtypes its all-to-all takes, and for the pmap axis itself (a vmap
+axis is not split over any device).
+"""
+
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfspmd._src import axis_env
+from tfspmd._src import dtensor_settings
+
+_ALL_TO_ALL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64,
+                      tf.int32, tf.int64)
+
+
+class Resplitter:
+  """Relayouts of values stacked over one pmap axis, on its 1-D mesh."""
+
+  def __init__(self, state):
+    self._state = state
+    _, self.size, self._dim = state.mesh_axes[0]
+
+  def split_along(self, tensor, axis):
+    """`tensor` relaid out split along `axis` over the mesh, whole elsewhere."""
+    spec = [dtensor.UNSHARDED] * tensor.shape.rank
+    spec[axis] = self._dim
+    return dtensor.relayout(tensor, self._state.layout(spec))
+
+
+def for_frame(frame, dtype):
+  """A `Resplitter` for values of `dtype` stacked over `frame`, or None.
+
+  None where the all-to-all relayout is not right (see the module
+  docstring): the caller then lowers the collective another way.
+  """
+  state = axis_env.trace_state()
+  if (state is None or len(state.mesh_axes) != 1 or
+      dtype not in _ALL_TO_ALL_DTYPES or frame.mesh_dim is None or
+      frame.mesh_dim != state.mesh_axes[0][2] or
+      not dtensor_settings.in_id_order(state.mesh_key()[2])):
+    return None
+  return Resplitter(state)
