@@ -196,9 +196,10 @@ def _memcpy_gbps(nbytes):
 def bandwidth(count, options):
   """Bus bandwidth per collective and size.
 
-  all_gather and ppermute stop at 16 MiB: tfspmd's lowering of both builds
-  an n x n x m buffer (4 GiB at 64 MiB on 8 devices), more than this 24 GiB
-  machine can give next to JAX's and the other jobs'.
+  all_gather stops at 16 MiB: its result is n times its input on each of
+  the n devices (4 GiB at 64 MiB on 8 devices), more than this 24 GiB
+  machine can give next to JAX's and the other jobs'. ppermute stops there
+  too, to keep the section short.
   """
   sizes = [("4 KiB", 4 << 10), ("1 MiB", 1 << 20), ("16 MiB", 16 << 20),
            ("64 MiB", 64 << 20)]

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import tfspmd
 from tfspmd import lax
+from tfspmd._src import dtensor_settings
 
 
 @pytest.fixture(name="out")
@@ -103,13 +104,11 @@ def test_nested_result_indexes_rows():
   assert out.addressable_shards[5].index == (slice(2, 3), slice(1, 2))
 
 
-def test_block_until_ready_waits_for_the_values(monkeypatch):
-  # Under DTensor's multi-device expansion (read when DTensor expands a
-  # function, so set before the first call) a call returns before the
-  # values exist; block_until_ready must wait for them. If it did not, the
-  # fetch after it would take the whole computation instead of a copy.
-  monkeypatch.setenv("DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION", "1")
-
+def test_block_until_ready_waits_for_the_values():
+  # Under DTensor's multi-device expansion, which tfspmd's programs on CPU
+  # run with, a call returns before the values exist; block_until_ready
+  # must wait for them. If it did not, the fetch after it would take the
+  # whole computation instead of a copy.
   def chain(a):
     product = a
     for _ in range(12):
@@ -120,6 +119,8 @@ def test_block_until_ready_waits_for_the_values(monkeypatch):
   x = np.random.default_rng(0).standard_normal((8, 256, 256)).astype(
       np.float32) / 16
   np.asarray(f(x))
+  (program,) = f._programs.values()  # pylint: disable=protected-access
+  assert dtensor_settings.MULTI_DEVICE_EXPANSION in program.dtensor_switches
   start = time.perf_counter()
   out = f(x).block_until_ready()
   waited = time.perf_counter() - start
