@@ -14,6 +14,12 @@ gradients of the slices' weights come back through the transposes of the
 collectives (psum_scatter <-> all_gather), and averages them over 'data'.
 Every number is checked against the same MLP run whole on one device.
 
+The same model is written twice: with nested pmaps over arrays split by
+hand (`split`), and with `tfspmd.shard_map` over a named mesh, which takes
+the global arrays and splits them as its `PartitionSpec`s say. A
+tf.function of DTensor code then calls the shard_map forward pass in the
+middle of global-view ops.
+
 Run: python examples/model_parallel.py
 """
 
@@ -27,7 +33,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 
+from tensorflow.experimental import dtensor
+
 import tfspmd
+from tfspmd import P
 from tfspmd import lax
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -75,14 +84,11 @@ def forward(x, w1, w2):
                         tiled=True)
 
 
-@functools.partial(tfspmd.pmap, axis_name="data", in_axes=(0, 0, None, None),
-                   out_axes=(None, None, None))
-@functools.partial(tfspmd.pmap, axis_name="model", in_axes=(None, 0, 0, 0),
-                   out_axes=(None, 0, 0))
-def train_step(x, t, w1, w2):
+def local_train_step(x, t, w1, w2):
   """One SGD step on the mean squared error; returns (loss, w1, w2).
 
-  `t` is this device's slice of the targets' output features.
+  Runs on one device's blocks; `t` is its slice of the targets' output
+  features.
   """
   with tf.GradientTape() as tape:
     tape.watch([w1, w2])
@@ -93,6 +99,50 @@ def train_step(x, t, w1, w2):
   g1, g2 = lax.pmean(g1, "data"), lax.pmean(g2, "data")
   total = lax.pmean(lax.psum(loss, "model"), "data")
   return total, w1 - LEARNING_RATE * g1, w2 - LEARNING_RATE * g2
+
+
+train_step = tfspmd.pmap(
+    tfspmd.pmap(local_train_step, axis_name="model", in_axes=(None, 0, 0, 0),
+                out_axes=(None, 0, 0)),
+    axis_name="data", in_axes=(0, 0, None, None), out_axes=(None, None, None))
+
+
+MESH = tfspmd.make_mesh((DATA, MODEL), ("data", "model"))
+
+
+@functools.partial(
+    tfspmd.shard_map, mesh=MESH,
+    in_specs=(P("data", None), P(None, "model"), P("model", None)),
+    out_specs=P("data", None))
+def sharded_forward(x, w1, w2):
+  """`forward` on the global arrays: (batch, outputs), split over 'data'."""
+  return lax.all_gather(local_output_slice(x, w1, w2), "model", axis=1,
+                        tiled=True)
+
+
+# The targets are split like the output slices they are compared with.
+sharded_train_step = tfspmd.shard_map(
+    local_train_step, mesh=MESH,
+    in_specs=(P("data", None), P("data", "model"), P(None, "model"),
+              P("model", None)),
+    out_specs=(P(), P(None, "model"), P("model", None)))
+
+
+@tf.function
+def dtensor_program(x, w1, w2):
+  """Global-view DTensor code around the shard_map forward pass."""
+  normalized = tf.math.l2_normalize(x, axis=1)
+  return tf.reduce_mean(sharded_forward(normalized, w1, w2) ** 2)
+
+
+def on_mesh(array, *names):
+  """`array` as a DTensor on MESH, split over the mesh dimensions named."""
+  dims = ["axis_0" if n == "data" else "axis_1" if n == "model" else
+          dtensor.UNSHARDED for n in names]
+  whole = dtensor.copy_to_mesh(
+      tf.constant(array), dtensor.Layout.replicated(MESH.dtensor_mesh,
+                                                    array.ndim))
+  return dtensor.relayout(whole, dtensor.Layout(dims, MESH.dtensor_mesh))
 
 
 def reference_forward(x, w1, w2):
@@ -128,6 +178,24 @@ def run(steps=5):
   gaps["weights"] = float(max(
       np.max(np.abs(got_w1 - split(x, t, rw1.numpy(), rw2.numpy())[2])),
       np.max(np.abs(got_w2 - split(x, t, rw1.numpy(), rw2.numpy())[3]))))
+
+  gaps["shard_map forward"] = float(np.max(np.abs(
+      np.asarray(sharded_forward(x, w1, w2)) - whole)))
+  sw1, sw2 = w1, w2
+  for _ in range(steps):
+    sharded_loss, sw1, sw2 = sharded_train_step(x, t, sw1, sw2)
+  gaps["shard_map loss"] = abs(float(sharded_loss) - reference_losses[-1])
+  gaps["shard_map weights"] = float(max(
+      np.max(np.abs(np.asarray(sw1) - rw1.numpy())),
+      np.max(np.abs(np.asarray(sw2) - rw2.numpy()))))
+
+  in_dtensor = dtensor_program(on_mesh(x, "data", None),
+                               on_mesh(w1, None, "model"),
+                               on_mesh(w2, "model", None))
+  normalized = x / np.linalg.norm(x, axis=1, keepdims=True)
+  expected = np.mean(reference_forward(normalized, w1, w2).numpy() ** 2)
+  gaps["DTensor program"] = abs(
+      float(dtensor.unpack(in_dtensor)[0]) - float(expected))
   return dict(output=out, losses=losses, reference_losses=reference_losses,
               gaps=gaps)
 

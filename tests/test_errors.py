@@ -55,6 +55,7 @@ SIZES, AXES, STATIC, LEAVES, OUTPUTS, DEVICES, NAMES, COLLECTIVES, OPS, STATE = 
     "Axis names", "Collective arguments", "Ops inside the mapped function",
     "State, steps and configuration")
 PROCESSES = "Several processes"
+SHARD_MAP = "shard_map and meshes"
 
 # --- mapped sizes ------------------------------------------------------------
 
@@ -776,6 +777,88 @@ def _():
       r"index 5 is out of bounds for axis 0 with size 2")
 def _():
   P(lambda x: x)(np.zeros(2))[5]  # pylint: disable=expression-not-assigned
+
+# --- shard_map ---------------------------------------------------------------
+
+
+def _mesh():
+  return tfspmd.make_mesh((2, 4), ("data", "model"))
+
+
+@case("shard-map-indivisible", SHARD_MAP,
+      "an input dimension not divisible by the mesh axes that split it",
+      ValueError, r"dimension 0 of args\[0\] has size 3.*not divisible by 2")
+def _():
+  tfspmd.shard_map(lambda b: b, mesh=_mesh(), in_specs=tfspmd.P("data"),
+                   out_specs=tfspmd.P("data"))(np.zeros(3))
+
+
+@case("shard-map-unknown-axis", SHARD_MAP,
+      "a partition spec naming an axis the mesh does not have", ValueError,
+      r"args\[0\] names the axis 'rows', which is not an axis of the mesh")
+def _():
+  tfspmd.shard_map(lambda b: b, mesh=_mesh(), in_specs=tfspmd.P("rows"),
+                   out_specs=tfspmd.P())(np.zeros(4))
+
+
+@case("shard-map-spec-too-long", SHARD_MAP,
+      "a partition spec longer than the value's rank", ValueError,
+      r"in spec PartitionSpec\('data', None\) for args\[0\] has 2 entries, "
+      r"but the value has rank 1")
+def _():
+  tfspmd.shard_map(lambda b: b, mesh=_mesh(), in_specs=tfspmd.P("data", None),
+                   out_specs=tfspmd.P())(np.zeros(4))
+
+
+@case("shard-map-axis-twice", SHARD_MAP,
+      "the same mesh axis twice in one partition spec", ValueError,
+      r"args\[0\] names the mesh axis 'data' twice")
+def _():
+  tfspmd.shard_map(lambda b: b, mesh=_mesh(),
+                   in_specs=tfspmd.P("data", "data"),
+                   out_specs=tfspmd.P())(np.zeros((4, 4)))
+
+
+@case("shard-map-out-spec-too-long", SHARD_MAP,
+      "an out spec longer than the output's rank", ValueError,
+      r"out spec PartitionSpec\('data', None\) for output has 2 entries")
+def _():
+  tfspmd.shard_map(lambda b: b, mesh=_mesh(), in_specs=tfspmd.P(),
+                   out_specs=tfspmd.P("data", None))(np.zeros(4))
+
+
+@case("shard-map-varying-output", SHARD_MAP,
+      "an output that varies along a mesh axis its out spec leaves out",
+      ValueError, r"shard_map: output varies along the mesh axis 'model', "
+      r"which its out spec does not name")
+def _():
+  tfspmd.shard_map(
+      lambda b: b + tf.cast(tfspmd.lax.axis_index("model"), tf.float64),
+      mesh=_mesh(), in_specs=tfspmd.P("data"),
+      out_specs=tfspmd.P("data"))(np.zeros(4))
+
+
+@case("shard-map-inside-pmap", SHARD_MAP, "a shard_map inside a pmap",
+      ValueError, r"shard_map inside a pmap or vmap is not supported")
+def _():
+  mesh = _mesh()
+  P(lambda v: tfspmd.shard_map(lambda b: b, mesh=mesh, in_specs=tfspmd.P(),
+                               out_specs=tfspmd.P())(v))(np.zeros(8))
+
+
+@case("shard-map-not-a-mesh", SHARD_MAP, "a mesh that is not a tfspmd.Mesh",
+      TypeError, r"`mesh` must be a tfspmd.Mesh")
+def _():
+  tfspmd.shard_map(lambda b: b, mesh="mesh", in_specs=tfspmd.P(),
+                   out_specs=tfspmd.P())
+
+
+@case("make-mesh-too-big", SHARD_MAP, "a mesh bigger than the devices there are",
+      ValueError, r"a mesh of shape \(4, 4\) needs 16 devices, only 8 are "
+      r"available")
+def _():
+  tfspmd.make_mesh((4, 4), ("a", "b"))
+
 
 # --- several processes: what one process can show (the rest below) ------------
 

@@ -27,7 +27,12 @@ from tfspmd._src.devices import local_devices as local_devices
 from tfspmd._src.devices import process_count as process_count
 from tfspmd._src.devices import process_index as process_index
 from tfspmd._src.devices import set_num_cpu_devices as set_num_cpu_devices
+from tfspmd._src.named_mesh import Mesh as Mesh
+from tfspmd._src.named_mesh import PartitionSpec as PartitionSpec
+from tfspmd._src.named_mesh import PartitionSpec as P
+from tfspmd._src.named_mesh import make_mesh as make_mesh
 from tfspmd._src.pmap import pmap as pmap
+from tfspmd._src.shard_map import shard_map as shard_map
 from tfspmd._src.sharded_array import Shard as Shard
 from tfspmd._src.sharded_array import ShardedArray as ShardedArray
 from tfspmd._src.vmap import vmap as vmap
@@ -36,6 +41,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Device",
+    "Mesh",
+    "P",
+    "PartitionSpec",
     "Shard",
     "ShardedArray",
     "debug_mode",
@@ -45,9 +53,11 @@ __all__ = [
     "lax",
     "local_device_count",
     "local_devices",
+    "make_mesh",
     "pmap",
     "process_count",
     "process_index",
     "set_num_cpu_devices",
+    "shard_map",
     "vmap",
 ]

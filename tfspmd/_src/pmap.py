@@ -89,7 +89,7 @@ class PmappedFunction:
 
   def __init__(self, fun, axis_name, in_axes, out_axes,
                static_broadcasted_argnums, devices, backend, axis_size,
-               donate_argnums, steps, debug=False):
+               donate_argnums, steps, debug=False, mesh_devices=None):
     if not callable(fun):
       raise TypeError(f"pmap: `fun` must be callable, got {fun!r}.")
     if not isinstance(debug, bool):
@@ -113,6 +113,8 @@ class PmappedFunction:
     self._out_axes = out_axes
     self._steps = steps_lib.check_steps(steps)
     self._devices = _check_devices(devices, backend)
+    # shard_map's outermost level: the devices of the whole nested mesh.
+    self._whole_mesh_devices = mesh_devices
     self._backend = backend
     self._debug = debug
     self._programs = lru.LRUCache(lru.TRACE_CACHE_SIZE)
@@ -238,7 +240,8 @@ class PmappedFunction:
     if vjp is None:
       def make_pmap(fun, in_axes, out_axes):
         return PmappedFunction(fun, self._axis_name, in_axes, out_axes, (),
-                               self._devices, self._backend, None, (), None)
+                               self._devices, self._backend, None, (), None,
+                               mesh_devices=self._whole_mesh_devices)
       vjp = pmap_gradient.VjpProgram(
           make_pmap, self._fun, call.rebuilder(), call.in_axes,
           program.output_axes, program.trainable_variables,
@@ -268,7 +271,7 @@ class PmappedFunction:
     top_dim = mesh_lib.mesh_dim_name(0)
     state = axis_env.TraceState(
         mesh_axes=[(self._axis_name, size, top_dim)],
-        max_devices=len(devices) if self._devices is None else size,
+        max_devices=size if self._devices is not None else len(devices),
         devices=tuple(devices))
     dtypes = [value.dtype for value in values]
     rebuild = call.rebuilder()
@@ -363,6 +366,8 @@ class PmappedFunction:
     Without `devices=`, each process maps over its first devices
     (`mesh.mesh_key` picks them), as many in every process.
     """
+    if self._whole_mesh_devices is not None:
+      return self._whole_mesh_devices
     if self._devices is not None:
       local = [d for d in self._devices
                if d.process_index == devices_lib.process_index()]

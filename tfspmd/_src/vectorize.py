@@ -102,12 +102,15 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
   unmappable = [k for k in varying if traced["specs"][k] is None]
   if unmappable:
     k = unmappable[0]
-    raise ValueError(
+    error = ValueError(
         f"out_axes=None for {traced['paths'][k]}, but that output varies "
         f"across the devices of axis {axis_name!r}: out_axes=None returns one "
         f"value, so the output must be the same on every device (for example "
         f"the result of psum/pmean over that axis). Give it an integer "
         f"out_axes to keep every device's value.")
+    # shard_map words this error its own way.
+    error.varying_output = (traced["paths"][k], axis_name)
+    raise error
   values = []
   for k, spec in enumerate(traced["specs"]):
     if spec is None:

@@ -1,0 +1,223 @@
+"""shard_map over named meshes, against NumPy (8 logical CPU devices).
+
+Its errors are in the catalogue (tests/test_errors.py, group "shard_map and
+meshes").
+"""
+
+import functools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+import tfspmd
+from tfspmd import P
+from tfspmd import lax
+
+
+def data(*shape, seed=0):
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.fixture(name="mesh")
+def fixture_mesh():
+  return tfspmd.make_mesh((2, 4), ("data", "model"))
+
+
+def sharding(result):
+  return list(dtensor.fetch_layout(result.dtensor_value).sharding_specs)
+
+
+def test_make_mesh_and_mesh_attributes(mesh):
+  assert mesh.axis_names == ("data", "model")
+  assert mesh.shape == {"data": 2, "model": 4}
+  assert mesh.size == 8
+  assert mesh.devices.shape == (2, 4)
+  assert tuple(mesh.devices.flat) == tuple(tfspmd.devices())
+  assert mesh.dtensor_mesh.dim_names == ["axis_0", "axis_1"]
+  assert mesh.dtensor_mesh.shape() == [2, 4]
+  same = tfspmd.Mesh(np.array(tfspmd.devices()).reshape(2, 4), ("data", "model"))
+  assert same == mesh
+  assert P is tfspmd.PartitionSpec
+  assert repr(P("data", None)) == "PartitionSpec('data', None)"
+
+
+def test_elementwise_on_1d_and_2d_meshes(mesh):
+  x = data(8, 12)
+  line = tfspmd.make_mesh((8,), ("i",))
+  out = tfspmd.shard_map(lambda b: b * 2 + 1, mesh=line, in_specs=P("i"),
+                         out_specs=P("i"))(x)
+  assert out.shape == (8, 12)
+  np.testing.assert_allclose(out, x * 2 + 1, rtol=1e-6)
+  assert sharding(out) == ["axis_0", "unsharded"]
+
+  def block_shape_and_exp(b):
+    assert b.shape == (4, 3)
+    return tf.exp(b)
+
+  out = tfspmd.shard_map(block_shape_and_exp, mesh=mesh,
+                         in_specs=P("data", "model"),
+                         out_specs=P("data", "model"))(x)
+  np.testing.assert_allclose(out, np.exp(x), rtol=1e-6)
+  assert sharding(out) == ["axis_0", "axis_1"]
+
+
+def test_matmul_with_the_contracting_dimension_split(mesh):
+  a, b = data(8, 16), data(16, 12, seed=1)
+
+  @functools.partial(tfspmd.shard_map, mesh=mesh,
+                     in_specs=(P("data", "model"), P("model", None)),
+                     out_specs=P("data", None))
+  def matmul_psum(x, y):
+    return lax.psum(x @ y, "model")
+
+  out = matmul_psum(a, b)
+  np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+  assert sharding(out) == ["axis_0", "unsharded"]
+
+  @functools.partial(tfspmd.shard_map, mesh=mesh,
+                     in_specs=(P("data", "model"), P("model", None)),
+                     out_specs=P("data", "model"))
+  def matmul_scatter(x, y):
+    return lax.psum_scatter(x @ y, "model", scatter_dimension=1, tiled=True)
+
+  out = matmul_scatter(a, b)
+  np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+  assert sharding(out) == ["axis_0", "axis_1"]
+
+
+def test_all_gather_to_a_replicated_output_and_a_replicated_input(mesh):
+  x, w = data(8, 4), data(4, 3, seed=1)
+
+  def gather_rows(block, weights):
+    assert weights.shape == (4, 3)  # the whole array on every device
+    return lax.all_gather(block @ weights, ("data", "model"), tiled=True)
+
+  out = tfspmd.shard_map(gather_rows, mesh=mesh,
+                         in_specs=(P(("data", "model")), P()),
+                         out_specs=P())(x, w)
+  np.testing.assert_allclose(out, x @ w, rtol=1e-5)
+  assert sharding(out) == ["unsharded", "unsharded"]
+
+
+def test_a_dimension_split_over_two_axes_with_axis_index_of_both(mesh):
+  def positions(block):
+    data_index = tf.cast(lax.axis_index("data"), tf.float32)
+    model_index = tf.cast(lax.axis_index("model"), tf.float32)
+    linear = tf.cast(lax.axis_index(("data", "model")), tf.float32)
+    return tf.stack([block[:, 0] * 0 + data_index, block[:, 0] * 0 + model_index,
+                     block[:, 0] * 0 + linear], axis=1)
+
+  out = tfspmd.shard_map(positions, mesh=mesh, in_specs=P(("data", "model")),
+                         out_specs=P(("data", "model")))(np.zeros((16, 2), np.float32))
+  rows = np.arange(16) // 2  # two rows per device, device k = 4 * data + model
+  np.testing.assert_array_equal(out, np.stack([rows // 4, rows % 4, rows], 1))
+
+  swapped = tfspmd.shard_map(positions, mesh=mesh, in_specs=P(("model", "data")),
+                             out_specs=P(("model", "data")))(np.zeros((16, 2), np.float32))
+  # Split model-major: block k belongs to model k // 2, data k % 2.
+  np.testing.assert_array_equal(
+      swapped, np.stack([rows % 2, rows // 2, 4 * (rows % 2) + rows // 2], 1))
+
+
+def test_ppermute_along_one_mesh_axis(mesh):
+  x = data(2, 8)
+  shift = [(k, (k + 1) % 4) for k in range(4)]
+  out = tfspmd.shard_map(lambda b: lax.ppermute(b, "model", shift), mesh=mesh,
+                         in_specs=P("data", "model"),
+                         out_specs=P("data", "model"))(x)
+  expected = np.roll(x.reshape(2, 4, 2), 1, axis=1).reshape(2, 8)
+  np.testing.assert_array_equal(out, expected)
+
+
+def test_gradients_around_and_inside(mesh):
+  a, b = data(8, 16), data(16, 4, seed=1)
+  loss_fn = tfspmd.shard_map(
+      lambda x, y: lax.psum(tf.reduce_sum(tf.tanh(x @ y)), ("data", "model")),
+      mesh=mesh, in_specs=(P("data", "model"), P("model", None)), out_specs=P())
+  a_var = tf.constant(a)
+  with tf.GradientTape() as tape:
+    tape.watch(a_var)
+    loss = tf.convert_to_tensor(loss_fn(a_var, b))
+  grad = tape.gradient(loss, a_var)
+  # Each device's partial product of its blocks: A_dm @ B_m.
+  loss_expected, grad_expected = 0.0, np.zeros_like(a, dtype=np.float64)
+  for d in range(2):
+    for m in range(4):
+      rows, cols = slice(4 * d, 4 * d + 4), slice(4 * m, 4 * m + 4)
+      product = np.tanh(a[rows, cols].astype(np.float64) @ b[cols])
+      loss_expected += product.sum()
+      grad_expected[rows, cols] = (1 - product ** 2) @ b[cols].T
+  np.testing.assert_allclose(loss, loss_expected, rtol=1e-4)
+  np.testing.assert_allclose(grad, grad_expected, rtol=1e-4, atol=1e-5)
+
+  def local_gradient(x, y):
+    with tf.GradientTape() as inner:
+      inner.watch(y)
+      partial = tf.reduce_sum(tf.tanh(x @ y))
+    return lax.psum(inner.gradient(partial, y), "data")
+
+  out = tfspmd.shard_map(local_gradient, mesh=mesh,
+                         in_specs=(P("data", "model"), P("model", None)),
+                         out_specs=P("model", None))(a, b)
+  # Model block m holds rows m of b; its gradient sums the data blocks.
+  reference = np.zeros_like(b, dtype=np.float64)
+  for m in range(4):
+    cols = slice(4 * m, 4 * m + 4)
+    a_m = a[:, cols].astype(np.float64)
+    reference[cols] = a_m.T @ (1 - np.tanh(a_m @ b[cols]) ** 2)
+  np.testing.assert_allclose(out, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_dtensors_in_and_out_with_their_layouts(mesh):
+  x = data(8, 12)
+  layout = dtensor.Layout(["axis_0", "axis_1"], mesh.dtensor_mesh)
+  placed = dtensor.pack(
+      [x[4 * (k // 4):4 * (k // 4) + 4, 3 * (k % 4):3 * (k % 4) + 3]
+       for k in range(8)], layout)
+  double = tfspmd.shard_map(lambda b: b * 2, mesh=mesh,
+                            in_specs=P("data", "model"),
+                            out_specs=P("data", "model"))
+  out = double(placed)
+  np.testing.assert_array_equal(out, x * 2)
+  assert dtensor.fetch_layout(out.dtensor_value) == layout
+
+  # The result feeds DTensor code, which feeds another shard_map.
+  summed = tf.reduce_sum(out.dtensor_value, axis=1)
+  np.testing.assert_allclose(dtensor.unpack(summed)[0].numpy(),
+                             (x * 2).sum(1)[:4], rtol=1e-5)
+  again = double(out)
+  np.testing.assert_array_equal(again, x * 4)
+
+
+def test_inside_a_users_tf_function_between_dtensor_ops(mesh):
+  x = data(8, 12)
+  layout = dtensor.Layout(["axis_0", "axis_1"], mesh.dtensor_mesh)
+  placed = dtensor.pack(
+      [x[4 * (k // 4):4 * (k // 4) + 4, 3 * (k % 4):3 * (k % 4) + 3]
+       for k in range(8)], layout)
+  row_sums = tfspmd.shard_map(
+      lambda b: lax.psum(tf.reduce_sum(b, 1, keepdims=True), "model"),
+      mesh=mesh, in_specs=P("data", "model"), out_specs=P("data", None))
+
+  @tf.function
+  def program(v):
+    return row_sums(tf.nn.relu(v)) * 2.
+
+  out = program(placed)
+  assert list(dtensor.fetch_layout(out).sharding_specs) == ["axis_0", "unsharded"]
+  expected = 2 * np.maximum(x, 0).sum(1, keepdims=True)
+  pieces = dtensor.unpack(out)
+  np.testing.assert_allclose(pieces[0], expected[:4], rtol=1e-5)
+  np.testing.assert_allclose(pieces[4], expected[4:], rtol=1e-5)
+
+
+def test_python_numbers_take_tensorflow_dtypes_and_inputs_may_be_results(mesh):
+  scale = tfspmd.shard_map(lambda b, s: b * s, mesh=mesh,
+                           in_specs=(P("data"), P()), out_specs=P("data"))
+  out = scale(np.ones(4, np.float32), 3.0)
+  assert out.dtype == tf.float32
+  np.testing.assert_array_equal(out, np.full(4, 3.0))
+  again = scale(out, 2.0)  # a result goes back in as it lies
+  np.testing.assert_array_equal(again, np.full(4, 6.0))

@@ -1,0 +1,156 @@
+"""Meshes of named axes and the partition specs that split arrays over them.
+
+A `Mesh` arranges devices in an array whose axes have names, as JAX's
+`jax.sharding.Mesh`; a `PartitionSpec` says, for each dimension of an
+array, which mesh axes split it. The DTensor mesh a `Mesh` stands for has
+one dimension per axis, named by position (`axis_0`, `axis_1`, ...) as
+pmap's meshes are, so shard_map's results and pmap's share meshes.
+"""
+
+import math
+
+import numpy as np
+
+from tfspmd._src import axis_env
+from tfspmd._src import devices as devices_lib
+from tfspmd._src import mesh as mesh_lib
+
+
+class PartitionSpec(tuple):
+  """For each array dimension: None, a mesh axis name, or a tuple of names.
+
+  A dimension split over a tuple of axes is split over their product, the
+  first name major. Dimensions past the end of the spec are not split.
+
+  Example:
+    >>> import tfspmd
+    >>> P = tfspmd.PartitionSpec
+    >>> P('data', None), P(('data', 'model'))
+    (PartitionSpec('data', None), PartitionSpec(('data', 'model')))
+  """
+
+  def __new__(cls, *entries):
+    return super().__new__(cls, entries)
+
+  def __repr__(self):
+    return f"PartitionSpec{tuple.__repr__(self)}" if len(self) != 1 else (
+        f"PartitionSpec({self[0]!r})")
+
+  def axes_of(self, dimension):
+    """The mesh axis names splitting `dimension`, major first."""
+    if dimension >= len(self):
+      return ()
+    entry = self[dimension]
+    if entry is None:
+      return ()
+    return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+class Mesh:
+  """Devices in an array whose axes have names.
+
+  Args:
+    devices: A NumPy array (or nested list) of `tfspmd.Device`s, one axis
+      per name.
+    axis_names: A name for each axis of `devices`.
+
+  Example:
+    >>> import numpy as np, tfspmd
+    >>> mesh = tfspmd.Mesh(np.array(tfspmd.devices()).reshape(2, 4),
+    ...                    ('data', 'model'))
+    >>> mesh.shape, mesh.size
+    ({'data': 2, 'model': 4}, 8)
+  """
+
+  def __init__(self, devices, axis_names):
+    devices = np.array(devices, dtype=object)
+    if isinstance(axis_names, (str, bytes)) or not isinstance(
+        axis_names, (tuple, list)):
+      axis_names = (axis_names,)
+    axis_names = tuple(axis_names)
+    if devices.ndim != len(axis_names):
+      raise ValueError(
+          f"Mesh: `devices` has {devices.ndim} axes (shape {devices.shape}) "
+          f"but {len(axis_names)} axis names were given: {axis_names}.")
+    for name in axis_names:
+      if name is None:
+        raise TypeError(f"Mesh: axis names must not be None, got {axis_names}.")
+      axis_env.checked_axis_name(name, None, "Mesh")
+    if len(set(axis_names)) != len(axis_names):
+      raise ValueError(f"Mesh: axis names repeat: {axis_names}.")
+    flat = list(devices.flat)
+    if not flat or not all(isinstance(d, devices_lib.Device) for d in flat):
+      raise TypeError(
+          "Mesh: `devices` must be an array of tfspmd devices (from "
+          "tfspmd.devices()), at least one.")
+    if len(set(flat)) != len(flat):
+      raise ValueError("Mesh: a device appears more than once in `devices`.")
+    self._devices = devices
+    self._axis_names = axis_names
+
+  @property
+  def axis_names(self):
+    return self._axis_names
+
+  @property
+  def shape(self):
+    """A dict from axis name to size, in axis order."""
+    return dict(zip(self._axis_names, self._devices.shape))
+
+  @property
+  def size(self):
+    return self._devices.size
+
+  @property
+  def devices(self):
+    return self._devices
+
+  @property
+  def mesh_key(self):
+    """`(dim names, sizes, devices)`: the arguments of `mesh.mesh_for_axes`."""
+    return (tuple(mesh_lib.mesh_dim_name(k) for k in range(self._devices.ndim)),
+            tuple(self._devices.shape), tuple(self._devices.flat))
+
+  @property
+  def dtensor_mesh(self):
+    """The `tf.experimental.dtensor.Mesh` of the same devices and shape."""
+    return mesh_lib.mesh_for_axes(*self.mesh_key)
+
+  def __eq__(self, other):
+    return (isinstance(other, Mesh) and self._axis_names == other._axis_names
+            and self.mesh_key == other.mesh_key)
+
+  def __hash__(self):
+    return hash((self._axis_names, self.mesh_key))
+
+  def __repr__(self):
+    axes = ", ".join(f"{name!r}: {size}" for name, size in self.shape.items())
+    return f"Mesh({{{axes}}})"
+
+
+def make_mesh(axis_shapes, axis_names, *, devices=None):
+  """A `Mesh` of the given shape over the first devices (or `devices`).
+
+  Example:
+    >>> import tfspmd
+    >>> tfspmd.make_mesh((2, 4), ('data', 'model'))
+    Mesh({'data': 2, 'model': 4})
+  """
+  try:
+    axis_shapes = tuple(int(s) for s in axis_shapes)
+  except TypeError:
+    raise TypeError(
+        f"make_mesh: `axis_shapes` must be a sequence of ints, got "
+        f"{axis_shapes!r}.") from None
+  if any(s < 1 for s in axis_shapes):
+    raise ValueError(
+        f"make_mesh: every axis size must be at least 1, got {axis_shapes}.")
+  count = math.prod(axis_shapes)
+  available = list(devices_lib.devices() if devices is None else devices)
+  if len(available) < count if devices is None else len(available) != count:
+    raise ValueError(
+        f"make_mesh: a mesh of shape {axis_shapes} needs {count} devices, "
+        f"{'only ' if devices is None else ''}{len(available)} "
+        f"{'are available' if devices is None else 'were given'}.")
+  return Mesh(np.array(available[:count], dtype=object).reshape(axis_shapes),
+              axis_names)

@@ -1,0 +1,297 @@
+"""shard_map: the per-device program over a mesh of named axes.
+
+`shard_map(f, mesh=..., in_specs=..., out_specs=...)` splits each global
+input into blocks as its `PartitionSpec` says, runs `f` on every device's
+blocks (with the collectives of `tfspmd.lax` over the mesh's axis names),
+and joins the blocks `f` returns into global results as `out_specs` say.
+
+It is one pmap per mesh axis, nested in the mesh's axis order. Each input is
+first reshaped so that every mesh axis naming one of its dimensions is an
+axis of its own, just before the block along that dimension (a dimension of
+size 8 split over 'data' of size 2 becomes [2, 4]); the pmap of each mesh
+axis maps over that axis (or broadcasts the input along a mesh axis its
+spec does not name), so `f` sees the blocks. The results come back the
+same way and are reshaped into the global arrays, whose DTensors are split
+over the mesh dimensions the out specs name. An output whose spec leaves a
+mesh axis out must be the same along it: that pmap returns it with
+out_axes=None, which checks it.
+"""
+
+import functools
+import math
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfspmd._src import arguments
+from tfspmd._src import axis_env
+from tfspmd._src import placement as placement_lib
+from tfspmd._src import tree
+from tfspmd._src.named_mesh import Mesh
+from tfspmd._src.named_mesh import PartitionSpec
+from tfspmd._src.sharded_array import ShardedArray
+
+
+def _is_spec(value):
+  return value is None or isinstance(value, PartitionSpec)
+
+
+def _as_spec(value):
+  return PartitionSpec() if value is None else value
+
+
+def _map_specs(specs, function, name):
+  """`specs` with each PartitionSpec (or None) leaf replaced by `function(spec)`."""
+  if _is_spec(specs):
+    return function(_as_spec(specs))
+  if isinstance(specs, (tuple, list)):
+    mapped = [_map_specs(s, function, name) for s in specs]
+    if hasattr(specs, "_fields"):
+      return type(specs)(*mapped)
+    return type(specs)(mapped)
+  if isinstance(specs, dict):
+    return {k: _map_specs(v, function, name) for k, v in specs.items()}
+  raise TypeError(
+      f"shard_map: `{name}` must hold PartitionSpecs (tfspmd.P(...)) in "
+      f"tuples, lists or dicts, got {type(specs).__name__} {specs!r}.")
+
+
+def _in_axis(spec, names, level):
+  """Where mesh axis `names[level]` is in an input once the outer levels
+  have taken theirs, or None if the spec does not name it."""
+  taken = set(names[:level])
+  position = 0
+  for dimension in range(len(spec)):
+    for name in spec.axes_of(dimension):
+      if name == names[level]:
+        return position
+      if name not in taken:
+        position += 1
+    position += 1
+  return None
+
+
+def _out_axis(spec, names, level):
+  """Where mesh axis `names[level]` goes in an output that already holds the
+  axes of the inner levels, or None if the spec does not name it."""
+  held = set(names[level:])
+  position = 0
+  for dimension in range(len(spec)):
+    for name in spec.axes_of(dimension):
+      if name == names[level]:
+        return position
+      if name in held:
+        position += 1
+    position += 1
+  return None
+
+
+def _check_spec(spec, rank, mesh, path, argument):
+  """Raises unless `spec` can split a value of rank `rank` over `mesh`."""
+  if len(spec) > rank:
+    raise ValueError(
+        f"shard_map: {argument} spec {spec} for {path} has {len(spec)} "
+        f"entries, but the value has rank {rank}; give at most one entry per "
+        f"dimension.")
+  seen = set()
+  for dimension in range(len(spec)):
+    entry = spec[dimension]
+    if isinstance(entry, tuple) and not entry:
+      continue
+    for name in spec.axes_of(dimension):
+      if name not in mesh.shape:
+        raise ValueError(
+            f"shard_map: {argument} spec {spec} for {path} names the axis "
+            f"{name!r}, which is not an axis of the mesh (axes: "
+            f"{mesh.axis_names}).")
+      if name in seen:
+        raise ValueError(
+            f"shard_map: {argument} spec {spec} for {path} names the mesh "
+            f"axis {name!r} twice; each mesh axis may split one dimension.")
+      seen.add(name)
+
+
+def _expanded_shape(shape, spec, mesh, path):
+  """`shape` with each named mesh axis split out just before its block."""
+  expanded = []
+  for dimension, size in enumerate(shape):
+    names = spec.axes_of(dimension)
+    count = math.prod(mesh.shape[name] for name in names)
+    if size % count:
+      sizes = " x ".join(f"{name!r} ({mesh.shape[name]})" for name in names)
+      raise ValueError(
+          f"shard_map: dimension {dimension} of {path} has size {size}, which "
+          f"the in spec {spec} splits over {sizes}: {size} is not divisible "
+          f"by {count}.")
+    expanded += [mesh.shape[name] for name in names] + [size // count]
+  return expanded
+
+
+def _expand_input(value, spec, mesh, path):
+  value = arguments.to_array_leaf(value, path)
+  if isinstance(value, ShardedArray):
+    value = value.dtensor_value
+  rank = len(value.shape)
+  _check_spec(spec, rank, mesh, path, "in")
+  shape = _expanded_shape(tuple(value.shape), spec, mesh, path)
+  if isinstance(value, np.ndarray):
+    return value.reshape(shape)
+  return tf.reshape(value, shape)
+
+
+def _join_output(value, spec, mesh):
+  """The global array of the expanded result `value`.
+
+  A ShardedArray gives a ShardedArray; a tensor (what pmap returns while a
+  GradientTape records) gives a tensor, which the tape can follow.
+  """
+  shape = value.shape.as_list()
+  merged, position = [], 0
+  for dimension in range(len(shape) - _named_count(spec, mesh)):
+    count = sum(1 for name in spec.axes_of(dimension) if name in mesh.shape)
+    merged.append(math.prod(shape[position:position + count + 1]))
+    position += count + 1
+  if not isinstance(value, ShardedArray):
+    return tf.reshape(value, merged)
+  joined = tf.reshape(value.dtensor_value, merged)
+  layout = dtensor.fetch_layout(joined)
+  split = tuple(None if s == dtensor.UNSHARDED else s
+                for s in layout.sharding_specs)
+  placement = placement_lib.Placement(value.placement.mesh_key, split)
+  return ShardedArray(joined, placement, merged, value.dtype)
+
+
+def _named_count(spec, mesh):
+  return sum(1 for d in range(len(spec)) for name in spec.axes_of(d)
+             if name in mesh.shape)
+
+
+class ShardMappedFunction:
+  """The callable `shard_map` returns."""
+
+  def __init__(self, fun, mesh, in_specs, out_specs, check_vma):
+    if not callable(fun):
+      raise TypeError(f"shard_map: `f` must be callable, got {fun!r}.")
+    if not isinstance(mesh, Mesh):
+      raise TypeError(
+          f"shard_map: `mesh` must be a tfspmd.Mesh (tfspmd.make_mesh(...)), "
+          f"got {type(mesh).__name__}.")
+    if not isinstance(check_vma, bool):
+      raise TypeError(f"shard_map: `check_vma` must be True or False, got "
+                      f"{check_vma!r}.")
+    if not (_is_spec(in_specs) or isinstance(in_specs, tuple)):
+      in_specs = (in_specs,)  # the spec tree of a single argument
+    # The spec trees are checked now, their leaves against each value.
+    _map_specs(in_specs, lambda s: s, "in_specs")
+    _map_specs(out_specs, lambda s: s, "out_specs")
+    self._fun = fun
+    self._mesh = mesh
+    self._in_specs = in_specs
+    self._out_specs = out_specs
+    self._mapped = self._nest(0)
+    functools.update_wrapper(self, fun, updated=())
+
+  def _nest(self, level):
+    """The pmap of mesh axis `level`, around those of the inner axes."""
+    from tfspmd._src import pmap as pmap_lib  # pylint: disable=import-outside-toplevel
+    names = self._mesh.axis_names
+    if level == len(names):
+      return self._per_device
+    in_axes = _map_specs(self._in_specs,
+                         lambda s: _in_axis(s, names, level), "in_specs")
+    out_axes = _map_specs(self._out_specs,
+                          lambda s: _out_axis(s, names, level), "out_specs")
+    return pmap_lib.PmappedFunction(
+        self._nest(level + 1), names[level], in_axes, out_axes, (),
+        None, None, self._mesh.shape[names[level]], (), None,
+        mesh_devices=tuple(self._mesh.devices.flat) if level == 0 else None)
+
+  def _per_device(self, *blocks):
+    result = self._fun(*blocks)
+    leaves, _ = tree.flatten(result)
+    specs = tree.broadcast_prefix(self._out_specs, result,
+                                  spec_name="out_specs", root="output",
+                                  is_spec_leaf=_is_spec)
+    for leaf, spec, path in zip(leaves, specs, tree.leaf_paths(result,
+                                                                "output")):
+      rank = len(tf.convert_to_tensor(leaf).shape)
+      _check_spec(_as_spec(spec), rank, self._mesh, path, "out")
+    return result
+
+  @tf.autograph.experimental.do_not_convert
+  def __call__(self, *args, **kwargs):
+    if kwargs:
+      raise TypeError(
+          f"shard_map: pass the arguments of the mapped function by position "
+          f"(in_specs match them in order), got keywords {sorted(kwargs)}.")
+    if axis_env.frames() or axis_env.trace_state() is not None:
+      raise ValueError(
+          "shard_map inside a pmap or vmap is not supported (nor is it in "
+          "JAX); call shard_map at top level, or inside a tf.function.")
+    specs = tree.broadcast_prefix(self._in_specs, args, spec_name="in_specs",
+                                  root="args", is_spec_leaf=_is_spec)
+    leaves, treedef = tree.flatten(args)
+    paths = tree.leaf_paths(args, "args")
+    expanded = [_expand_input(leaf, _as_spec(spec), self._mesh, path)
+                for leaf, spec, path in zip(leaves, specs, paths)]
+    try:
+      result = self._mapped(*treedef.unflatten(expanded))
+    except ValueError as e:
+      if not hasattr(e, "varying_output"):
+        raise
+      path, axis_name = e.varying_output
+      raise ValueError(
+          f"shard_map: {path} varies along the mesh axis {axis_name!r}, "
+          f"which its out spec does not name, so the devices along it would "
+          f"return different values for one block. Name {axis_name!r} in "
+          f"the out spec, or make the output the same along it (psum or "
+          f"pmean over {axis_name!r}, for example).") from None
+    out_leaves, out_treedef = tree.flatten(result)
+    out_specs = tree.broadcast_prefix(self._out_specs, result,
+                                      spec_name="out_specs", root="output",
+                                      is_spec_leaf=_is_spec)
+    return out_treedef.unflatten([
+        _join_output(leaf, _as_spec(spec), self._mesh)
+        for leaf, spec in zip(out_leaves, out_specs)])
+
+
+def shard_map(f=None, *, mesh, in_specs, out_specs, check_vma=True):
+  """Runs `f` on every device's blocks of arrays split over a named mesh.
+
+  Args:
+    f: The per-device function: it gets each argument's block (the global
+      shape divided along the dimensions its spec splits) and may use every
+      `tfspmd.lax` collective over the mesh's axis names (or tuples of them).
+    mesh: A `tfspmd.Mesh`.
+    in_specs: A `tfspmd.P` per positional argument (or a tree prefix of the
+      arguments): which mesh axes split each dimension. An axis it does not
+      name gives every device along it the same block.
+    out_specs: A `tfspmd.P` per output (or a tree prefix): how the blocks
+      form the global result. An output must be the same along every mesh
+      axis its spec leaves out; that is checked.
+    check_vma: Accepted for JAX compatibility; tfspmd always checks.
+
+  Returns:
+    A function of global arrays returning global arrays (`ShardedArray`s
+    whose `dtensor_value` is split as `out_specs` say).
+
+  Example:
+    >>> import numpy as np, tfspmd
+    >>> from tfspmd import P
+    >>> mesh = tfspmd.make_mesh((2, 4), ('data', 'model'))
+    >>> def f(block):
+    ...   return tfspmd.lax.psum(block, 'model')
+    >>> g = tfspmd.shard_map(f, mesh=mesh, in_specs=P('data', 'model'),
+    ...                      out_specs=P('data', None))
+    >>> x = np.arange(16.).reshape(4, 4)
+    >>> print(np.asarray(g(x)))
+    [[ 6.]
+     [22.]
+     [38.]
+     [54.]]
+  """
+  if f is None:
+    return functools.partial(shard_map, mesh=mesh, in_specs=in_specs,
+                             out_specs=out_specs, check_vma=check_vma)
+  return ShardMappedFunction(f, mesh, in_specs, out_specs, check_vma)
