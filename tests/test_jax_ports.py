@@ -77,3 +77,61 @@ def test_power_iteration_with_a_psum_convergence_test():
   np.testing.assert_array_equal(steps, np.full(N, 39))
   np.testing.assert_allclose(eigenvalue, np.full(N, 5.531209468841553),
                              rtol=1e-5)
+
+
+def test_shard_map_design_doc_examples():
+  # JAX's shard_map design doc (JEP 14273): matmul_basic and f1, f3, f4, f5
+  # on a (4, 2) ('i', 'j') mesh, and a closure returned with three out
+  # specs. JAX 0.10.2 printed (jax.shard_map, 8 CPU devices):
+  #   matmul_basic (8, 32) sum 69239808.0, c[0, :4] [39680. 39800. 39920.
+  #   40040.], c[7, -3:] [525208. 527120. 529032.]; f1 (12, 24) sum 20592
+  #   (printing block shape (3, 12)); closure (4, 2), (4, 1), (1, 1);
+  #   f3 (12, 6) row 0 [6, 8, 10, 12, 14, 16]; f4 (3, 12) row 0 [216, 220,
+  #   ..., 260]; f5 (3, 6) row 0 [456, 464, 472, 480, 488, 496].
+  m = tfspmd.Mesh(np.array(tfspmd.devices()).reshape(4, 2), ("i", "j"))
+  P = tfspmd.P
+  a = np.arange(8 * 16.).reshape(8, 16).astype(np.float32)
+  b = np.arange(16 * 32.).reshape(16, 32).astype(np.float32)
+
+  def matmul_basic(a_block, b_block):
+    assert a_block.shape == (2, 8) and b_block.shape == (8, 32)
+    z_partialsum = a_block @ b_block
+    return lax.psum(z_partialsum, "j")
+
+  c = np.asarray(tfspmd.shard_map(matmul_basic, mesh=m,
+                                  in_specs=(P("i", "j"), P("j", None)),
+                                  out_specs=P("i", None))(a, b))
+  assert c.shape == (8, 32) and float(c.sum()) == 69239808.0
+  np.testing.assert_array_equal(c[0, :4], [39680., 39800., 39920., 40040.])
+  np.testing.assert_array_equal(c[7, -3:], [525208., 527120., 529032.])
+
+  shapes = []
+
+  def f1(x_block):
+    shapes.append(tuple(x_block.shape))
+    return x_block
+
+  x1 = np.arange(12 * 12).reshape(12, 12).astype(np.int32)
+  y = np.asarray(tfspmd.shard_map(f1, mesh=m, in_specs=P("i", None),
+                                  out_specs=P("i", "j"))(x1))
+  assert shapes == [(3, 12)] and y.shape == (12, 24) and y.sum() == 20592
+
+  x = tf.constant([[3.]])
+  for spec, shape in [(P("i", "j"), (4, 2)), (P("i", None), (4, 1)),
+                      (P(None, None), (1, 1))]:
+    z = tfspmd.shard_map(lambda: x, mesh=m, in_specs=(), out_specs=spec)()
+    np.testing.assert_array_equal(z, np.full(shape, 3.))
+
+  x = np.arange(12 * 12).reshape(12, 12).astype(np.int32)
+  f3 = tfspmd.shard_map(lambda blk: lax.psum(blk, "j"), mesh=m,
+                        in_specs=P("i", "j"), out_specs=P("i", None))
+  f4 = tfspmd.shard_map(lambda blk: lax.psum(blk, "i"), mesh=m,
+                        in_specs=P("i", "j"), out_specs=P(None, "j"))
+  f5 = tfspmd.shard_map(lambda blk: lax.psum(blk, ("i", "j")), mesh=m,
+                        in_specs=P("i", "j"), out_specs=P(None, None))
+  for f, shape, row in [(f3, (12, 6), [6, 8, 10, 12, 14, 16]),
+                        (f4, (3, 12), list(range(216, 261, 4))),
+                        (f5, (3, 6), [456, 464, 472, 480, 488, 496])]:
+    r = np.asarray(f(x))
+    assert r.shape == shape
+    np.testing.assert_array_equal(r[0], row)

@@ -270,3 +270,16 @@ def test_gradient_of_psum_inside_is_psum():
   # d/dx_k of x_k * sum_j x_j (tape seeded with ones on every device, the
   # cotangents psum'ed back): sum(x) + sum over devices of x_i.
   np.testing.assert_allclose(tfspmd.pmap(f, "i")(x), x.sum() + x.sum())
+
+
+def test_a_closed_over_tensor_reaches_every_device():
+  # DTensor takes only scalars and small integer tensors that are not
+  # DTensors; pmap copies a closed-over array to the mesh when it traces.
+  offset = tf.constant([[1., 2.], [3., 4.]])
+  table = tf.range(8) * 10
+  f = tfspmd.pmap(lambda v: (v + offset, tf.gather(table, lax.axis_index("i"))),
+                  axis_name="i")
+  shifted, picked = f(np.zeros((8, 2, 2), np.float32))
+  np.testing.assert_array_equal(shifted, np.broadcast_to([[1., 2.], [3., 4.]],
+                                                         (8, 2, 2)))
+  np.testing.assert_array_equal(picked, np.arange(8) * 10)

@@ -331,8 +331,11 @@ class PmappedFunction:
         spec[original_axis] = dim
       input_placements.append(_placement(mesh_key, tuple(spec)))
     result = built["result"]
+    mesh = mesh_lib.mesh_for_axes(*mesh_key)
     program = _Program(
-        function=tf_internal.flat_caller(concrete),
+        function=tf_internal.flat_caller(
+            concrete, [_on_mesh(value, mesh)
+                       for value in concrete.captured_inputs]),
         input_placements=tuple(input_placements),
         output_placements=tuple(built["placements"]),
         output_shapes=tuple(
@@ -347,8 +350,7 @@ class PmappedFunction:
         dtensor_switches=dtensor_settings.for_program(
             mesh_key[2], len(mesh_key[1]),
             devices_lib.process_count(), concrete.graph.as_graph_def()),
-        mesh=built["placements"][0].mesh if built["placements"] else
-        mesh_lib.mesh_for_axes(*mesh_key))
+        mesh=mesh)
     self._programs.put(key, program)
     return program
 
@@ -501,6 +503,21 @@ def _place(value, placement):
       return _relayout_dtensor(value, placement)
     value = value.numpy()
   return placement_lib.pack_host_array(np.asarray(value), placement)
+
+
+def _on_mesh(captured, mesh):
+  """A tensor the program closes over, as DTensor takes it.
+
+  DTensor takes an eager tensor that is not a DTensor only if it is a scalar
+  or a small integer one ("was expecting a DTensor"): a closed-over array is
+  copied to every device of the mesh once, when the program is traced (an
+  eager tensor never changes). Resource handles (variables) pass as they are.
+  """
+  if (not isinstance(captured, tf.Tensor) or dtensor.is_dtensor(captured) or
+      captured.dtype in (tf.resource, tf.variant)):
+    return captured
+  return dtensor.copy_to_mesh(
+      captured, dtensor.Layout.replicated(mesh, captured.shape.rank))
 
 
 def _relayout_dtensor(value, placement):

@@ -149,13 +149,13 @@ def configure_coordination_service(leader, register_timeout_s,
   context.coordination_service.cluster_register_with_barrier = True
 
 
-def flat_caller(concrete_function):
+def flat_caller(concrete_function, captured):
   """A fast way to call a ConcreteFunction with its inputs as a flat list.
 
   `ConcreteFunction.__call__` re-binds its arguments against the Python
   signature on every call; the pmap's cache key already guarantees they fit.
+  `captured` stands for the function's captured inputs, in their order.
   """
-  captured = concrete_function.captured_inputs
   call_flat = concrete_function._call_flat  # pylint: disable=protected-access
 
   def call(*tensors):
