@@ -170,12 +170,17 @@ def test_gradients_around_and_inside(mesh):
   np.testing.assert_allclose(out, reference, rtol=1e-4, atol=1e-4)
 
 
+def split_over(mesh, x):
+  """`x` (8, 12) as a DTensor split (data, model) over the 2 x 4 mesh."""
+  layout = dtensor.Layout(["axis_0", "axis_1"], mesh.dtensor_mesh)
+  return dtensor.pack(
+      [x[4 * (k // 4):4 * (k // 4) + 4, 3 * (k % 4):3 * (k % 4) + 3]
+       for k in range(8)], layout), layout
+
+
 def test_dtensors_in_and_out_with_their_layouts(mesh):
   x = data(8, 12)
-  layout = dtensor.Layout(["axis_0", "axis_1"], mesh.dtensor_mesh)
-  placed = dtensor.pack(
-      [x[4 * (k // 4):4 * (k // 4) + 4, 3 * (k % 4):3 * (k % 4) + 3]
-       for k in range(8)], layout)
+  placed, layout = split_over(mesh, x)
   double = tfspmd.shard_map(lambda b: b * 2, mesh=mesh,
                             in_specs=P("data", "model"),
                             out_specs=P("data", "model"))
@@ -190,13 +195,15 @@ def test_dtensors_in_and_out_with_their_layouts(mesh):
   again = double(out)
   np.testing.assert_array_equal(again, x * 4)
 
+  # A DTensor laid out otherwise (whole on every device) is relaid out.
+  whole = dtensor.copy_to_mesh(tf.constant(x),
+                               dtensor.Layout.replicated(mesh.dtensor_mesh, 2))
+  np.testing.assert_array_equal(double(whole), x * 2)
+
 
 def test_inside_a_users_tf_function_between_dtensor_ops(mesh):
   x = data(8, 12)
-  layout = dtensor.Layout(["axis_0", "axis_1"], mesh.dtensor_mesh)
-  placed = dtensor.pack(
-      [x[4 * (k // 4):4 * (k // 4) + 4, 3 * (k % 4):3 * (k % 4) + 3]
-       for k in range(8)], layout)
+  placed, _ = split_over(mesh, x)
   row_sums = tfspmd.shard_map(
       lambda b: lax.psum(tf.reduce_sum(b, 1, keepdims=True), "model"),
       mesh=mesh, in_specs=P("data", "model"), out_specs=P("data", None))
@@ -221,3 +228,20 @@ def test_python_numbers_take_tensorflow_dtypes_and_inputs_may_be_results(mesh):
   np.testing.assert_array_equal(out, np.full(4, 3.0))
   again = scale(out, 2.0)  # a result goes back in as it lies
   np.testing.assert_array_equal(again, np.full(4, 6.0))
+
+
+def test_specs_are_tree_prefixes_of_arguments_and_outputs(mesh):
+  params = {"w": data(6, 8), "b": data(8, seed=1)}
+  x = data(4, 6, seed=2)
+
+  def layer(p, rows):
+    # Each device: its rows, its columns of w and b.
+    return {"h": rows @ p["w"] + p["b"], "rows": rows}
+
+  out = tfspmd.shard_map(
+      layer, mesh=mesh,
+      in_specs=({"w": P(None, "model"), "b": P("model")}, P("data")),
+      out_specs={"h": P("data", "model"), "rows": P("data")})(params, x)
+  np.testing.assert_allclose(out["h"], x @ params["w"] + params["b"],
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(out["rows"], x)

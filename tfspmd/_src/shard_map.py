@@ -26,6 +26,7 @@ from tensorflow.experimental import dtensor
 
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
+from tfspmd._src import devices as devices_lib
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import tree
 from tfspmd._src.named_mesh import Mesh
@@ -225,6 +226,10 @@ class ShardMappedFunction:
       raise TypeError(
           f"shard_map: pass the arguments of the mapped function by position "
           f"(in_specs match them in order), got keywords {sorted(kwargs)}.")
+    if devices_lib.process_count() > 1:
+      raise NotImplementedError(
+          "shard_map over the devices of several processes is not supported "
+          "yet; use nested pmaps there (each process passes its part).")
     if axis_env.frames() or axis_env.trace_state() is not None:
       raise ValueError(
           "shard_map inside a pmap or vmap is not supported (nor is it in "
