@@ -23,7 +23,20 @@ from tfspmd import lax
 
 
 def _initialize():
+  """Joins the cluster the environment describes.
+
+  With `WORKER_COORDINATOR` set, by the coordinator's address alone (and
+  `WORKER_NUM_PROCESSES`, `WORKER_PROCESS_ID`), as JAX users start; else
+  from DTensor's or a launcher's variables.
+  """
+  arguments = {}
+  if os.environ.get("WORKER_COORDINATOR"):
+    arguments = dict(
+        coordinator_address=os.environ["WORKER_COORDINATOR"],
+        num_processes=int(os.environ["WORKER_NUM_PROCESSES"]),
+        process_id=int(os.environ["WORKER_PROCESS_ID"]))
   tfspmd.distributed.initialize(
+      **arguments,
       initialization_timeout=float(os.environ["WORKER_INIT_TIMEOUT"]),
       heartbeat_timeout=float(os.environ["WORKER_HEARTBEAT_TIMEOUT"]))
 
@@ -34,6 +47,7 @@ def seed():
   me = tfspmd.process_index()
   out = multiprocess_psum.x_plus_psum()
   report = {
+      "addresses": os.environ.get("DTENSOR_JOBS"),
       "process_index": me,
       "process_count": tfspmd.process_count(),
       "devices": [d.id for d in tfspmd.devices()],
@@ -90,6 +104,35 @@ def nested():
   }
 
 
+def collectives():
+  """Every collective of tfspmd.lax over one device per process.
+
+  Process k passes row k of arange(64).reshape(8, 8) and reports its row of
+  each result.
+  """
+  _initialize()
+  me = tfspmd.process_index()
+  count = tfspmd.process_count()
+  row = np.arange(64, dtype=np.float32).reshape(8, 8)[me:me + 1]
+  ring = [(k, (k + 1) % count) for k in range(count)]
+  programs = {
+      "psum": lambda v: lax.psum(v, "i"),
+      "pmean": lambda v: lax.pmean(v, "i"),
+      "pmax": lambda v: lax.pmax(v, "i"),
+      "pmin": lambda v: lax.pmin(v, "i"),
+      "all_gather": lambda v: lax.all_gather(v, "i"),
+      "psum_scatter": lambda v: lax.psum_scatter(v, "i"),
+      "ppermute": lambda v: lax.ppermute(v, "i", ring),
+      "pshuffle": lambda v: lax.pshuffle(v, "i", list(range(count))[::-1]),
+      "all_to_all": lambda v: lax.all_to_all(v, "i", 0, 0),
+      "pswapaxes": lambda v: lax.pswapaxes(v, "i", 0),
+      "axis_index": lambda v: v[:1] * 0 + tf.cast(lax.axis_index("i"),
+                                                  tf.float32),
+  }
+  return {name: np.asarray(tfspmd.pmap(f, axis_name="i")(row)).tolist()
+          for name, f in programs.items()}
+
+
 def dead_peer():
   """Process 1 exits after joining; process 0 then needs it in a psum."""
   _initialize()
@@ -110,7 +153,7 @@ def dead_peer():
 
 
 def never_joined():
-  """This process is the only one of two that starts."""
+  """This process is the only one of its cluster that starts."""
   start = time.monotonic()
   try:
     _initialize()
@@ -145,7 +188,8 @@ def without_initialize():
 
 
 if __name__ == "__main__":
-  result = {"seed": seed, "nested": nested, "dead_peer": dead_peer,
+  result = {"seed": seed, "nested": nested, "collectives": collectives,
+            "dead_peer": dead_peer,
             "never_joined": never_joined, "gpu_pair": gpu_pair,
             "without_initialize": without_initialize}[sys.argv[1]]()
   print(json.dumps(result), flush=True)

@@ -57,10 +57,10 @@ def test_nothing_found_is_one_process():
 
 
 @pytest.mark.parametrize("kwargs, environ, message", [
-    (dict(num_processes=2), {}, r"num_processes=2, .* but no process "
-     r"addresses were given"),
+    (dict(num_processes=2), {}, r"num_processes=2, .* but neither a "
+     r"coordinator address nor process addresses were given"),
     (dict(coordinator_address="h0:9000"), {}, r"coordinator_address="
-     r"'h0:9000'.* no process addresses"),
+     r"'h0:9000' was given without num_processes"),
     (dict(process_addresses=TWO), {}, r"lists 2 processes but nothing says "
      r"which one this is: pass process_id="),
     (dict(process_addresses=TWO, process_id=2), {}, r"process_id=2 is out of "

@@ -876,11 +876,22 @@ def _():
 
 
 @case("initialize-no-addresses", PROCESSES,
-      "initialize(num_processes=2) without the processes' addresses",
-      ValueError, r"num_processes=2, process_id=None, but no process "
-      r"addresses were given. .* pass process_addresses=")
+      "initialize(num_processes=2) without a coordinator or the processes' "
+      "addresses",
+      ValueError, r"num_processes=2, process_id=None, but neither a "
+      r"coordinator address nor process addresses were given. Pass "
+      r"coordinator_address=")
 def _():
   INIT(num_processes=2)
+
+
+@case("initialize-coordinator-without-process-id", PROCESSES,
+      "initialize(coordinator_address=..., num_processes=2) without "
+      "process_id", ValueError,
+      r"num_processes=2 lists 2 processes but nothing says which one this is: "
+      r"pass process_id=")
+def _():
+  INIT(coordinator_address="localhost:1234", num_processes=2)
 
 
 @case("initialize-no-process-id", PROCESSES,

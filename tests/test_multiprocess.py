@@ -48,8 +48,10 @@ def _run(scenarios, *, devices, init_timeout=JOIN_TIMEOUT,
   """Runs the processes `scenarios` lists at once; returns their reports.
 
   Args:
-    scenarios: One `(name, process_id, addresses)` per process to start; a
-      process of `addresses` that no entry names never starts.
+    scenarios: One `(name, process_id, addresses[, env])` per process to
+      start; a process of `addresses` that no entry names never starts.
+      With `addresses` None, the cluster comes from `env` alone (a
+      coordinator address, or a launcher's variables).
     devices: Logical CPU devices per process.
     init_timeout: The children's `initialization_timeout`, seconds.
     heartbeat_timeout: The children's `heartbeat_timeout`, seconds.
@@ -69,9 +71,11 @@ def _run(scenarios, *, devices, init_timeout=JOIN_TIMEOUT,
   with tempfile.TemporaryDirectory() as logs:
     try:
       start = time.monotonic()
-      for k, (name, process_id, addresses) in enumerate(scenarios):
-        env = dict(base, DTENSOR_JOBS=",".join(addresses),
-                   DTENSOR_CLIENT_ID=str(process_id))
+      for k, (name, process_id, addresses, *extra) in enumerate(scenarios):
+        env = dict(base, **(extra[0] if extra else {}))
+        if addresses is not None:
+          env.update(DTENSOR_JOBS=",".join(addresses),
+                     DTENSOR_CLIENT_ID=str(process_id))
         out = open(os.path.join(logs, f"{k}.out"), "w+")
         err = open(os.path.join(logs, f"{k}.err"), "w+")
         child = subprocess.Popen([sys.executable, WORKER, name], env=env,
@@ -163,13 +167,87 @@ def test_initialize_twice_raises(seed):
       "(process 1 of 2); call it once.")
 
 
+# --- started as JAX users start them: a coordinator address is enough ------
+
+
+def _coordinated(port, count, process_id):
+  return {"WORKER_COORDINATOR": f"localhost:{port}",
+          "WORKER_NUM_PROCESSES": str(count),
+          "WORKER_PROCESS_ID": str(process_id)}
+
+
+def _port_in_launcher_range():
+  """A free port among those a job id maps to, and that job id."""
+  for port in range(61440 + 1000, 65536):
+    with socket.socket() as probe:
+      try:
+        probe.bind(("", port))
+      except OSError:
+        continue
+    return port, port - 61440
+  pytest.skip("no free port in 61440..65535")
+
+
+@pytest.mark.parametrize("how", ["coordinator", "SLURM", "Open MPI"])
+def test_the_seed_example_started_from_one_coordinator_address(how):
+  # DTensor needs every process's address; the processes find each other
+  # through process 0 (tfspmd/_src/rendezvous.py).
+  if how == "coordinator":
+    port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
+    envs = [_coordinated(port, 2, k) for k in range(2)]
+  elif how == "SLURM":
+    port, job_id = _port_in_launcher_range()
+    envs = [{"SLURM_PROCID": str(k), "SLURM_NTASKS": "2",
+             "SLURM_STEP_NODELIST": "localhost", "SLURM_JOB_ID": str(job_id)}
+            for k in range(2)]
+  else:
+    port, job_id = _port_in_launcher_range()
+    envs = [{"OMPI_COMM_WORLD_RANK": str(k), "OMPI_COMM_WORLD_SIZE": "2",
+             "OMPI_MCA_orte_hnp_uri": f"{job_id}.0;tcp://127.0.0.1:1234"}
+            for k in range(2)]
+  reports = _run([("seed", k, None, envs[k]) for k in range(2)], devices=4)
+  assert reports[0]["out"] == [28, 29, 30, 31]
+  assert reports[1]["out"] == [32, 33, 34, 35]
+  assert [r["process_index"] for r in reports] == [0, 1]
+  assert reports[0]["gathered"] == list(range(28, 36))
+  addresses = reports[0]["addresses"].split(",")
+  assert reports[1]["addresses"] == reports[0]["addresses"]
+  # Process 0 serves DTensor on a port of its own, not the coordinator's.
+  assert len(set(addresses)) == 2 and all(
+      int(a.rsplit(":", 1)[1]) != port for a in addresses)
+
+
+def test_a_process_that_never_registers_is_named_by_the_coordinator():
+  port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
+  (coordinator,) = _run([("never_joined", 0, None, _coordinated(port, 3, 0))],
+                        devices=2, init_timeout=4)
+  assert coordinator["error"] == "TimeoutError"
+  assert coordinator["message"] == (
+      f"tfspmd.distributed.initialize: process(es) [1, 2] of 3 did not "
+      f"register with the coordinator at localhost:{port} within 4 s; start "
+      f"every process with the same coordinator_address and num_processes.")
+  assert coordinator["seconds"] < 4 + 5
+
+
+def test_a_coordinator_that_never_answers_is_named():
+  port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
+  (follower,) = _run([("never_joined", 1, None, _coordinated(port, 2, 1))],
+                     devices=2, init_timeout=4)
+  assert follower["error"] == "TimeoutError"
+  assert follower["message"].startswith(
+      f"tfspmd.distributed.initialize: process 1 could not reach the "
+      f"coordinator (process 0) at localhost:{port} within 4 s")
+  assert follower["seconds"] < 4 + 5
+
+
 # --- four processes x 2 devices: nested pmaps -----------------------------
 
 
 @pytest.fixture(scope="module")
 def nested():
-  addresses = _free_addresses(4)
-  return _run([("nested", k, addresses) for k in range(4)], devices=2)
+  port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
+  return _run([("nested", k, None, _coordinated(port, 4, k))
+               for k in range(4)], devices=2)
 
 
 def test_nested_normalize_over_four_processes(nested):
@@ -187,6 +265,33 @@ def test_nested_normalize_over_four_processes(nested):
 def test_nested_axes_index_the_outer_axis_across_processes(nested):
   for process, report in enumerate(nested):
     assert report["linear_index"] == [[2 * process, 2 * process + 1]]
+
+
+# --- eight processes x 1 device: every collective ---------------------------
+
+
+def test_every_collective_over_eight_processes_of_one_device():
+  port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
+  reports = _run([("collectives", k, None, _coordinated(port, 8, k))
+                  for k in range(8)], devices=1)
+  x = np.arange(64, dtype=np.float32).reshape(8, 8)
+  expected = {
+      "psum": np.broadcast_to(x.sum(0), (8, 8)),
+      "pmean": np.broadcast_to(x.mean(0), (8, 8)),
+      "pmax": np.broadcast_to(x.max(0), (8, 8)),
+      "pmin": np.broadcast_to(x.min(0), (8, 8)),
+      "all_gather": np.broadcast_to(x, (8, 8, 8)),
+      "psum_scatter": x.sum(0),
+      "ppermute": np.roll(x, 1, axis=0),
+      "pshuffle": x[::-1],
+      "all_to_all": x.T,
+      "pswapaxes": x.T,
+      "axis_index": np.arange(8.0)[:, None],
+  }
+  for name, whole in expected.items():
+    got = np.concatenate([np.asarray(r[name]).reshape((1,) + whole.shape[1:])
+                          for r in reports])
+    np.testing.assert_allclose(got, whole, rtol=1e-6, err_msg=name)
 
 
 # --- GPUs ------------------------------------------------------------------

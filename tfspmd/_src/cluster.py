@@ -86,13 +86,18 @@ def resolve(coordinator_address=None, num_processes=None, process_id=None,
   addresses, source = _addresses(coordinator_address, num_processes,
                                  process_addresses, on_tpu, environ)
   if addresses is None:
-    if (num_processes not in (None, 1) or process_id not in (None, 0) or
-        coordinator_address is not None and num_processes != 1):
+    if coordinator_address is not None and num_processes is None:
       raise ValueError(
           f"tfspmd.distributed.initialize: coordinator_address="
-          f"{coordinator_address!r}, num_processes={num_processes}, "
-          f"process_id={process_id}, but no process addresses were given. "
-          f"DTensor connects every process to every other one: pass "
+          f"{coordinator_address!r} was given without num_processes: pass "
+          f"num_processes= and process_id= too, so the processes can find "
+          f"each other through the coordinator.")
+    if num_processes not in (None, 1) or process_id not in (None, 0):
+      raise ValueError(
+          f"tfspmd.distributed.initialize: num_processes={num_processes}, "
+          f"process_id={process_id}, but neither a coordinator address nor "
+          f"process addresses were given. Pass coordinator_address="
+          f"'host:port' (process 0's) with num_processes and process_id, or "
           f"process_addresses=['host:port', ...] (one per process, process "
           f"0 first), or set {JOBS_ENV} in every process.")
     return Cluster(addresses=("localhost",),
@@ -114,8 +119,8 @@ def resolve(coordinator_address=None, num_processes=None, process_id=None,
     raise ValueError(
         f"{NUM_CLIENTS_ENV}={declared}, but {source} lists {len(addresses)} "
         f"process address(es): {list(addresses)}.")
-  process_id = _process_id(process_id, len(addresses), source, on_tpu,
-                           environ)
+  process_id = process_id_of(process_id, len(addresses), source, on_tpu,
+                             environ)
   return Cluster(addresses=tuple(addresses), process_id=process_id,
                  job_name=environ.get(JOB_NAME_ENV, DEFAULT_JOB_NAME),
                  source=source)
@@ -146,7 +151,8 @@ def _addresses(coordinator_address, num_processes, process_addresses, on_tpu,
   return None, None
 
 
-def _process_id(process_id, count, source, on_tpu, environ):
+def process_id_of(process_id, count, source, on_tpu, environ):
+  """This process's index among `count`, from the argument or the environment."""
   if process_id is None:
     found = environ.get(CLIENT_ID_ENV)
     if found is None and on_tpu:

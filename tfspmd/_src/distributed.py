@@ -31,6 +31,8 @@ from tensorflow.experimental import dtensor
 
 from tfspmd._src import cluster as cluster_lib
 from tfspmd._src import devices as devices_lib
+from tfspmd._src import launchers
+from tfspmd._src import rendezvous
 from tfspmd._src import tf_internal
 
 NCCL_ENV = "DTENSOR_GPU_USE_NCCL_COMMUNICATION"
@@ -63,26 +65,33 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
   and a pmap maps over the devices of all processes: each process passes
   and receives only its local part (see `tfspmd.pmap`).
 
-  Every argument left None is read from the environment: DTensor's own
-  `DTENSOR_JOBS` (`host:port` of every process, process 0 first),
-  `DTENSOR_CLIENT_ID` and `DTENSOR_JOB_NAME`, or on a Cloud TPU VM the
-  slice's hosts (`TPU_WORKER_HOSTNAMES`, `TPU_WORKER_ID`, else the VM's
-  metadata server; port 8476 unless `coordinator_address` gives one).
-  With nothing there, it initializes a single process.
+  As `jax.distributed.initialize`: `coordinator_address`, `num_processes`
+  and `process_id` are enough. Process 0 listens on the coordinator address
+  and every process registers there with the host and port it will serve on
+  (`rendezvous.py`); then each has every process's address, which DTensor
+  needs. With no arguments, the cluster is read from the environment, first
+  found first: DTensor's own `DTENSOR_JOBS` (`host:port` of every process,
+  process 0 first), `DTENSOR_CLIENT_ID` and `DTENSOR_JOB_NAME`; a SLURM job
+  (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_STEP_NODELIST`, `SLURM_JOB_ID`);
+  an Open MPI job (`OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`,
+  `OMPI_MCA_orte_hnp_uri`); or on a Cloud TPU VM the slice's hosts
+  (`TPU_WORKER_HOSTNAMES`, `TPU_WORKER_ID`, else the VM's metadata server;
+  port 8476 unless `coordinator_address` gives one). With nothing there, it
+  initializes a single process.
 
   Args:
-    coordinator_address: `host:port` of process 0, which runs the
-      coordination service. DTensor needs every process's address, so on
-      its own it describes only a single process; otherwise it is checked
-      against `process_addresses`.
-    num_processes: The number of processes; checked against the addresses.
-    process_id: This process's index, from 0.
+    coordinator_address: `host:port` of process 0, where the processes find
+      each other; process 0 then serves DTensor on another port.
+    num_processes: The number of processes.
+    process_id: This process's index, from 0 (default `DTENSOR_CLIENT_ID`).
     local_device_ids: GPUs only: the indices of the physical GPUs this
       process uses (as with `CUDA_VISIBLE_DEVICES`).
-    process_addresses: `host:port` of every process, in process order; each
-      process listens on its own. The same list in every process.
+    process_addresses: Instead of the coordinator: `host:port` of every
+      process, in process order; each process listens on its own. The same
+      list in every process.
     backend: 'cpu', 'gpu' or 'tpu'; None picks TPU, then GPU, then CPU.
-    initialization_timeout: Seconds to wait for every process to join.
+    initialization_timeout: Seconds to wait for every process to join (to
+      register with the coordinator, and again for DTensor to start).
     heartbeat_timeout: Seconds of silence after which a process counts as
       failed, and collectives waiting on it raise `PeerFailedError`.
 
@@ -99,7 +108,7 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
     `process_id=1`:
 
       tfspmd.distributed.initialize(
-          process_addresses=["localhost:9000", "localhost:9001"],
+          coordinator_address="localhost:9000", num_processes=2,
           process_id=0)
 
     Once TensorFlow has started its devices, it is too late:
@@ -126,17 +135,25 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
             f"tfspmd.distributed.initialize: `{name}` must be a positive "
             f"number of seconds, got {value!r}.")
     platform = devices_lib.resolve_backend(backend)
+    if process_addresses is None and not os.environ.get(cluster_lib.JOBS_ENV):
+      if (coordinator_address is None and num_processes is None and
+          process_id is None and platform != "tpu"):
+        launched = launchers.detect(os.environ)
+        if launched is not None:
+          coordinator_address, num_processes, process_id, _ = launched
+      if coordinator_address is not None and num_processes not in (None, 1):
+        process_id = _exchange_arguments(num_processes, process_id)
+        _check_devices_not_started()
+        process_addresses = rendezvous.exchange_addresses(
+            coordinator_address, num_processes, process_id,
+            initialization_timeout)
+        coordinator_address = None  # the exchange's, not a DTensor server's
     cluster = cluster_lib.resolve(
         coordinator_address, num_processes, process_id, process_addresses,
         on_tpu=platform == "tpu")
     gpus = (None if local_device_ids is None else
             _local_gpus(platform, local_device_ids))
-    if tf_internal.devices_initialized():
-      raise RuntimeError(
-          "tfspmd.distributed.initialize() came too late: TensorFlow has "
-          "already started its devices (a TensorFlow op ran, or "
-          "tfspmd.devices() or a pmap was called). Call it first thing "
-          "after importing tfspmd.")
+    _check_devices_not_started()
     if gpus is not None:
       tf.config.set_visible_devices(gpus, "GPU")
     if platform == "gpu":
@@ -162,6 +179,27 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
       raise TimeoutError(_join_timeout_message(
           cluster, str(e), initialization_timeout)) from e
     _cluster = cluster
+
+
+def _exchange_arguments(num_processes, process_id):
+  """This process's index, once the coordinator's arguments are checked."""
+  if isinstance(num_processes, bool) or not isinstance(num_processes, int) or (
+      num_processes < 1):
+    raise ValueError(
+        f"tfspmd.distributed.initialize: `num_processes` must be a positive "
+        f"int, got {num_processes!r}.")
+  return cluster_lib.process_id_of(
+      process_id, num_processes, f"num_processes={num_processes}", False,
+      os.environ)
+
+
+def _check_devices_not_started():
+  if tf_internal.devices_initialized():
+    raise RuntimeError(
+        "tfspmd.distributed.initialize() came too late: TensorFlow has "
+        "already started its devices (a TensorFlow op ran, or "
+        "tfspmd.devices() or a pmap was called). Call it first thing "
+        "after importing tfspmd.")
 
 
 def is_initialized():

@@ -1,0 +1,182 @@
+"""Every process's address, from the coordinator's alone.
+
+DTensor's multi-client runtime needs the `host:port` of every process before
+it starts; users, as with `jax.distributed.initialize`, know one coordinator
+address. Before DTensor starts, process 0 listens on the coordinator
+address; every other process connects to it and sends its index and the
+host and port it will serve on; process 0 sends every process the whole
+list. Each process reserves its port (bound, not listening) from before it
+registers until the list is complete, so no two processes of one host and
+not the coordinator's own port can be chosen twice.
+
+Messages are single lines of JSON over TCP. Everything is bounded by one
+deadline: a process that never registers is named by process 0, and a
+coordinator that never answers by the others.
+"""
+
+import contextlib
+import json
+import socket
+import time
+
+_RETRY_SECONDS = 0.2
+
+
+def exchange_addresses(coordinator_address, num_processes, process_id,
+                       timeout):
+  """The `host:port` of every process, in process order.
+
+  Args:
+    coordinator_address: `host:port` process 0 listens on for the exchange.
+    num_processes: How many processes take part.
+    process_id: This process's index.
+    timeout: Seconds the whole exchange may take.
+
+  Returns:
+    A list of `host:port`, one per process; process 0's host is the
+    coordinator's, its port another one.
+
+  Raises:
+    TimeoutError: Naming the processes that did not register (process 0),
+      or the coordinator that did not answer (the others).
+  """
+  host, port = _split(coordinator_address)
+  deadline = time.monotonic() + timeout
+  with _reserved_port() as own_port:
+    if process_id == 0:
+      return _collect(host, port, own_port, num_processes, deadline, timeout)
+    return _register(host, port, own_port, process_id, deadline, timeout)
+
+
+def _split(address):
+  host, _, port = address.rpartition(":")
+  if not host or not port.isdigit():
+    raise ValueError(
+        f"tfspmd.distributed.initialize: coordinator_address must be "
+        f"'host:port', got {address!r}.")
+  return host, int(port)
+
+
+@contextlib.contextmanager
+def _reserved_port():
+  """A port bound by this process (so no one else takes it) until exit."""
+  reservation = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  try:
+    reservation.bind(("", 0))
+    yield reservation.getsockname()[1]
+  finally:
+    reservation.close()
+
+
+def _collect(host, port, own_port, count, deadline, timeout):
+  """Process 0: wait for every other process, then send them the list."""
+  server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  members = {}  # process id -> (connection, "host:port")
+  try:
+    server.bind(("", port))
+    server.listen(count)
+    while len(members) < count - 1:
+      left = deadline - time.monotonic()
+      if left <= 0:
+        missing = sorted(set(range(1, count)) - set(members))
+        message = (
+            f"tfspmd.distributed.initialize: process(es) {missing} of "
+            f"{count} did not register with the coordinator at "
+            f"{host}:{port} within {timeout:g} s; start every process with "
+            f"the same coordinator_address and num_processes.")
+        _send_all(members, {"error": message, "timeout": True})
+        raise TimeoutError(message)
+      server.settimeout(min(left, 1.0))
+      try:
+        connection, peer = server.accept()
+      except socket.timeout:
+        continue
+      connection.settimeout(max(deadline - time.monotonic(), 0.1))
+      try:
+        hello = _receive(connection)
+      except (OSError, ValueError):
+        connection.close()
+        continue
+      problem = _check_hello(hello, count, members)
+      if problem:
+        _send(connection, {"error": problem, "timeout": False})
+        connection.close()
+        continue
+      members[hello["process_id"]] = (
+          connection, f"{hello.get('host') or peer[0]}:{hello['port']}")
+    addresses = [f"{host}:{own_port}"] + [members[k][1]
+                                          for k in range(1, count)]
+    _send_all(members, {"addresses": addresses})
+    return addresses
+  finally:
+    for connection, _ in members.values():
+      connection.close()
+    server.close()
+
+
+def _check_hello(hello, count, members):
+  process_id = hello.get("process_id") if isinstance(hello, dict) else None
+  if (not isinstance(process_id, int) or not 0 < process_id < count or
+      not isinstance(hello.get("port"), int)):
+    return (f"tfspmd.distributed.initialize: a process registered as "
+            f"{process_id!r}, but the coordinator expects processes 1.."
+            f"{count - 1} (num_processes={count}).")
+  if process_id in members:
+    return (f"tfspmd.distributed.initialize: two processes registered as "
+            f"process {process_id}; give each process its own process_id.")
+  return None
+
+
+def _register(host, port, own_port, process_id, deadline, timeout):
+  """Processes 1..n-1: register with the coordinator, wait for the list."""
+  while True:
+    try:
+      connection = socket.create_connection(
+          (host, port), timeout=max(min(deadline - time.monotonic(), 5), 0.1))
+      break
+    except OSError:
+      if time.monotonic() + _RETRY_SECONDS >= deadline:
+        raise TimeoutError(
+            f"tfspmd.distributed.initialize: process {process_id} could not "
+            f"reach the coordinator (process 0) at {host}:{port} within "
+            f"{timeout:g} s; is process 0 running, with that "
+            f"coordinator_address?") from None
+      time.sleep(_RETRY_SECONDS)
+  with connection:
+    # The address the coordinator reached us from is one it can reach.
+    own_host = connection.getsockname()[0]
+    try:
+      connection.settimeout(max(deadline - time.monotonic(), 0.1))
+      _send(connection, {"process_id": process_id, "host": own_host,
+                         "port": own_port})
+      reply = _receive(connection)
+    except (OSError, ValueError):
+      raise TimeoutError(
+          f"tfspmd.distributed.initialize: process {process_id} registered "
+          f"with the coordinator at {host}:{port}, but the list of every "
+          f"process did not come within {timeout:g} s (did every process "
+          f"start?).") from None
+  if "error" in reply:
+    raise (TimeoutError if reply.get("timeout") else ValueError)(reply["error"])
+  return reply["addresses"]
+
+
+def _send(connection, message):
+  connection.sendall((json.dumps(message) + "\n").encode())
+
+
+def _send_all(members, message):
+  for connection, _ in members.values():
+    with contextlib.suppress(OSError):
+      _send(connection, message)
+
+
+def _receive(connection):
+  data = b""
+  while not data.endswith(b"\n"):
+    chunk = connection.recv(4096)
+    if not chunk:
+      raise ValueError("connection closed")
+    data += chunk
+  return json.loads(data)
