@@ -133,6 +133,17 @@ def collectives():
           for name, f in programs.items()}
 
 
+def inner_across_processes():
+  """A nested pmap whose inner axis would span processes: one device each."""
+  _initialize()
+  inner = tfspmd.pmap(lambda v: lax.psum(v, "c"), axis_name="c")
+  try:
+    out = tfspmd.pmap(inner, axis_name="r")(np.ones((1, 2), np.float32))
+  except ValueError as e:
+    return {"error": type(e).__name__, "message": str(e)}
+  return {"error": None, "value": np.asarray(out).tolist()}
+
+
 def dead_peer():
   """Process 1 exits after joining; process 0 then needs it in a psum."""
   _initialize()
@@ -189,6 +200,7 @@ def without_initialize():
 
 if __name__ == "__main__":
   result = {"seed": seed, "nested": nested, "collectives": collectives,
+            "inner_across_processes": inner_across_processes,
             "dead_peer": dead_peer,
             "never_joined": never_joined, "gpu_pair": gpu_pair,
             "without_initialize": without_initialize}[sys.argv[1]]()

@@ -267,6 +267,20 @@ def test_nested_axes_index_the_outer_axis_across_processes(nested):
     assert report["linear_index"] == [[2 * process, 2 * process + 1]]
 
 
+def test_a_nested_axis_that_would_span_processes_is_a_clear_error():
+  port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
+  reports = _run([("inner_across_processes", k, None, _coordinated(port, 2, k))
+                  for k in range(2)], devices=1)
+  for report in reports:
+    assert report["error"] == "ValueError"
+    assert report["message"].endswith(
+        "With several processes the outermost pmap's axis spans the "
+        "processes and the nested axes lie within each process, as in JAX: "
+        "the nested axes need 2 devices in every process, which has 1. Give "
+        "each process at least 2 devices, or map the inner axis with "
+        "tfspmd.vmap (its collectives stay on the device).")
+
+
 # --- eight processes x 1 device: every collective ---------------------------
 
 

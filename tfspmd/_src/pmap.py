@@ -579,10 +579,19 @@ def _register_nested_axis(state, axis_name, size, depth):
     total *= outer_size
   if total > state.max_devices:
     shape = " x ".join(str(s) for _, s, _ in state.mesh_axes) + f" x {size}"
-    raise ValueError(
-        f"compiling computation that requires {total} replicas ({shape} "
-        f"nested pmaps), but only {state.max_devices} devices are available "
-        f"(num_replicas={total}).")
+    message = (f"compiling computation that requires {total} replicas "
+               f"({shape} nested pmaps), but only {state.max_devices} devices "
+               f"are available (num_replicas={total}).")
+    if devices_lib.process_count() > 1:
+      inner = total // state.mesh_axes[0][1]
+      message += (
+          f" With several processes the outermost pmap's axis spans the "
+          f"processes and the nested axes lie within each process, as in "
+          f"JAX: the nested axes need {inner} devices in every process, "
+          f"which has {devices_lib.local_device_count()}. Give each process "
+          f"at least {inner} devices, or map the inner axis with tfspmd.vmap "
+          f"(its collectives stay on the device).")
+    raise ValueError(message)
   dim = mesh_lib.mesh_dim_name(depth)
   state.mesh_axes.append((axis_name, size, dim))
   return dim
