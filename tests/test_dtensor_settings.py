@@ -9,6 +9,7 @@ import ctypes
 import os
 
 import numpy as np
+import tensorflow as tf
 
 import tfspmd
 from tfspmd import lax
@@ -41,6 +42,19 @@ def test_no_collective_gather_on_a_nested_mesh_or_for_wide_unsigned_ints():
   out = unsigned(np.arange(8, dtype=np.uint32))
   np.testing.assert_array_equal(out, np.broadcast_to(np.arange(8), (8, 8)))
   assert _switches(unsigned) == (MULTI,)
+
+
+def test_no_multi_device_expansion_for_a_program_with_a_loop():
+  looped = tfspmd.pmap(
+      lambda v: tf.while_loop(lambda k, c: k < 3,
+                              lambda k, c: (k + 1, c + lax.psum(c, "i")),
+                              (0, v))[1], "i")
+  out = looped(np.ones(8, np.float32))
+  np.testing.assert_array_equal(out, np.full(8, 9.0 ** 3))
+  assert _switches(looped) == (GATHER,)
+  steps = tfspmd.pmap(lambda c, x: (c + x, c), "i", steps=2)
+  steps(np.zeros(8, np.float32), np.ones((8, 2), np.float32))
+  assert _switches(steps) == (GATHER,)
 
 
 def test_switches_are_set_only_while_a_program_runs():

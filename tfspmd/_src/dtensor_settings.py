@@ -16,7 +16,12 @@ every program.
   a user's own non-XLA tf.function that calls a pmap with a psum in a
   `tf.range` loop never returns under it (TF 2.21), and a function first
   run under it hangs when later run without it, so each program runs under
-  the same switches every time.
+  the same switches every time. Not for programs with a loop (a `While`
+  op: tf.while_loop, tf.scan, `steps=`): under it DTensor names the loop's
+  body function after the op (`while_1_body`), and a second program with
+  such a loop can fail with "Cannot add function 'while_1_body' because a
+  different function with the same name already exists" (seen once in a
+  suite run, TF 2.21).
 - `LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2`: DTensor's all-gather
   becomes a `CollectiveGatherV2`, which sends (n-1) m per device, instead
   of an all-reduce of a zero-padded n m buffer, which sends 2(n-1) m (1 MiB
@@ -40,6 +45,7 @@ MULTI_DEVICE_EXPANSION = "DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION"
 COLLECTIVE_GATHER = "LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2"
 _OFF = ("0", "false", "no", "off", "")
 _WIDE_UNSIGNED = (types_pb2.DT_UINT32, types_pb2.DT_UINT64)
+_LOOP_OPS = ("While", "StatelessWhile")
 
 _user_set = set()
 _lock = threading.Lock()
@@ -75,7 +81,7 @@ def for_program(devices, mesh_rank, process_count, graph_def,
     mesh_rank: The number of dimensions of its mesh.
     process_count: How many processes run it.
     graph_def: Its `GraphDef` (with the function library), or None for a
-      program without wide unsigned integers.
+      program without loops or wide unsigned integers.
     user_set: The switches the user set (default: those found at import).
 
   Example:
@@ -90,7 +96,8 @@ def for_program(devices, mesh_rank, process_count, graph_def,
   """
   user_set = _user_set if user_set is None else user_set
   chosen = []
-  if {d.platform for d in devices} == {"cpu"} and process_count == 1:
+  if ({d.platform for d in devices} == {"cpu"} and process_count == 1 and
+      not _has_loop(graph_def)):
     chosen.append(MULTI_DEVICE_EXPANSION)
   if (mesh_rank == 1 and in_id_order(devices) and
       not _has_wide_unsigned(graph_def)):
@@ -109,13 +116,23 @@ def in_id_order(devices):
   return ids == sorted(ids)
 
 
-def _has_wide_unsigned(graph_def):
-  if graph_def is None:
-    return False
+def _nodes(graph_def):
   nodes = list(graph_def.node)
   for function in graph_def.library.function:
     nodes.extend(function.node_def)
-  for node in nodes:
+  return nodes
+
+
+def _has_loop(graph_def):
+  if graph_def is None:
+    return False
+  return any(node.op in _LOOP_OPS for node in _nodes(graph_def))
+
+
+def _has_wide_unsigned(graph_def):
+  if graph_def is None:
+    return False
+  for node in _nodes(graph_def):
     for value in node.attr.values():
       if value.type in _WIDE_UNSIGNED or any(
           t in _WIDE_UNSIGNED for t in value.list.type):

@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from tfspmd._src import array_ops
 from tfspmd._src import distributed
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import tf_internal
@@ -172,6 +173,139 @@ class ShardedArray:
 
   def __tf_tensor__(self, dtype=None, name=None):
     return tf.convert_to_tensor(self.numpy(), dtype=dtype, name=name)
+
+  # --- arithmetic on the devices (array_ops.py) --------------------------
+
+  def _binary(self, op, other, reflected=False):
+    self._check_alive()
+    if not array_ops.accepts(other, self):
+      return NotImplemented
+    left, right = (other, self) if reflected else (self, other)
+    return array_ops.binary(op, left, right, self)
+
+  def __add__(self, other):
+    return self._binary(tf.add, other)
+
+  def __radd__(self, other):
+    return self._binary(tf.add, other, reflected=True)
+
+  def __sub__(self, other):
+    return self._binary(tf.subtract, other)
+
+  def __rsub__(self, other):
+    return self._binary(tf.subtract, other, reflected=True)
+
+  def __mul__(self, other):
+    return self._binary(tf.multiply, other)
+
+  def __rmul__(self, other):
+    return self._binary(tf.multiply, other, reflected=True)
+
+  def __truediv__(self, other):
+    return self._binary(tf.math.truediv, other)
+
+  def __rtruediv__(self, other):
+    return self._binary(tf.math.truediv, other, reflected=True)
+
+  def __floordiv__(self, other):
+    return self._binary(tf.math.floordiv, other)
+
+  def __rfloordiv__(self, other):
+    return self._binary(tf.math.floordiv, other, reflected=True)
+
+  def __mod__(self, other):
+    return self._binary(tf.math.floormod, other)
+
+  def __rmod__(self, other):
+    return self._binary(tf.math.floormod, other, reflected=True)
+
+  def __pow__(self, other):
+    return self._binary(tf.pow, other)
+
+  def __rpow__(self, other):
+    return self._binary(tf.pow, other, reflected=True)
+
+  def __matmul__(self, other):
+    return self._binary(array_ops.matmul, other)
+
+  def __rmatmul__(self, other):
+    return self._binary(array_ops.matmul, other, reflected=True)
+
+  def __eq__(self, other):
+    return self._binary(tf.equal, other)
+
+  def __ne__(self, other):
+    return self._binary(tf.not_equal, other)
+
+  def __lt__(self, other):
+    return self._binary(tf.less, other)
+
+  def __le__(self, other):
+    return self._binary(tf.less_equal, other)
+
+  def __gt__(self, other):
+    return self._binary(tf.greater, other)
+
+  def __ge__(self, other):
+    return self._binary(tf.greater_equal, other)
+
+  __hash__ = None  # elementwise ==, as NumPy and JAX arrays
+  # `ndarray + out` defers to `out.__radd__` (on the devices) instead of
+  # converting `out` to NumPy; ufuncs such as np.exp still convert it.
+  __array_priority__ = 100
+
+  def __neg__(self):
+    self._check_alive()
+    return array_ops.unary(tf.negative, self)
+
+  def __pos__(self):
+    self._check_alive()
+    return self
+
+  def __abs__(self):
+    self._check_alive()
+    return array_ops.unary(tf.abs, self)
+
+  def astype(self, dtype):
+    """The array cast to `dtype`, on the devices."""
+    self._check_alive()
+    return array_ops.unary(lambda v: tf.cast(v, dtype), self)
+
+  @property
+  def T(self):  # pylint: disable=invalid-name
+    """The array with its axes reversed, on the devices."""
+    self._check_alive()
+    return array_ops.unary(tf.transpose, self)
+
+  def sum(self, axis=None, dtype=None, out=None, keepdims=False):
+    """The sum over `axis` (all axes by default), on the devices."""
+    return self._reduce(tf.reduce_sum, axis, dtype, out, keepdims)
+
+  def mean(self, axis=None, dtype=None, out=None, keepdims=False):
+    """The mean over `axis` (all axes by default), on the devices.
+
+    Integers give float64, as NumPy's mean (TensorFlow's would truncate).
+    """
+    if dtype is None and not (self._dtype.is_floating or
+                              self._dtype.is_complex):
+      dtype = tf.float64
+    return self._reduce(tf.reduce_mean, axis, dtype, out, keepdims)
+
+  def max(self, axis=None, out=None, keepdims=False):
+    return self._reduce(tf.reduce_max, axis, None, out, keepdims)
+
+  def min(self, axis=None, out=None, keepdims=False):
+    return self._reduce(tf.reduce_min, axis, None, out, keepdims)
+
+  def _reduce(self, reduce, axis, dtype, out, keepdims):
+    """`reduce` on the devices; `dtype` and `out` as NumPy's reductions."""
+    self._check_alive()
+    if out is not None:
+      raise TypeError("ShardedArray reductions do not take `out=`; use the "
+                      "result they return.")
+    value = self if dtype is None else self.astype(dtype)
+    return array_ops.unary(
+        lambda v: reduce(v, axis=axis, keepdims=keepdims), value)
 
   def __len__(self):
     if self._shape.rank == 0:

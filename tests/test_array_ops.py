@@ -1,0 +1,113 @@
+"""ShardedArray operators and methods: on the devices, against NumPy."""
+
+import operator
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfspmd
+from tfspmd import lax
+
+
+@pytest.fixture(name="x")
+def fixture_x():
+  return np.arange(1, 25, dtype=np.float32).reshape(8, 3)
+
+
+@pytest.fixture(name="out")
+def fixture_out(x):
+  return tfspmd.pmap(lambda v: v * 1)(x)
+
+
+def on_devices(result, spec=("axis_0", None)):
+  """The result is a ShardedArray still split as pmap left it."""
+  assert isinstance(result, tfspmd.ShardedArray)
+  assert result.placement.spec == spec
+  return np.asarray(result)
+
+
+BINARY = [operator.add, operator.sub, operator.mul, operator.truediv,
+          operator.floordiv, operator.mod, operator.pow, operator.eq,
+          operator.ne, operator.lt, operator.le, operator.gt, operator.ge]
+
+
+@pytest.mark.parametrize("op", BINARY, ids=lambda op: op.__name__)
+def test_binary_operators_with_every_kind_of_operand(op, x, out):
+  other_row = np.linspace(1, 3, 3).astype(np.float32)
+  cases = [
+      (op(out, 2.0), op(x, np.float32(2.0))),
+      (op(3.0, out), op(np.float32(3.0), x)),
+      (op(out, other_row), op(x, other_row)),        # broadcast a row
+      (op(other_row, out), op(other_row, x)),
+      (op(out, tf.constant(other_row)), op(x, other_row)),
+      (op(out, out), op(x, x)),
+  ]
+  for got, expected in cases:
+    np.testing.assert_allclose(on_devices(got), expected, rtol=1e-6)
+
+
+def test_unary_operators_and_matmul(x, out):
+  np.testing.assert_array_equal(on_devices(-out), -x)
+  np.testing.assert_array_equal(on_devices(abs(out - 12)), abs(x - 12))
+  assert +out is out
+  w = np.arange(6, dtype=np.float32).reshape(3, 2)
+  np.testing.assert_allclose(on_devices(out @ w), x @ w)
+  np.testing.assert_allclose(on_devices(out @ w[:, 0], ("axis_0",)),
+                             x @ w[:, 0])
+  rows = np.ones((2, 8), np.float32)
+  np.testing.assert_allclose(np.asarray(rows @ out), rows @ x)
+
+
+def test_methods(x, out):
+  np.testing.assert_array_equal(on_devices(out.astype(np.int32)),
+                                x.astype(np.int32))
+  assert out.astype(tf.int64).dtype == tf.int64
+  np.testing.assert_array_equal(on_devices(out.T, (None, "axis_0")), x.T)
+  assert out.ndim == 2 and out.size == 24
+  np.testing.assert_allclose(np.asarray(out.sum()), x.sum())
+  np.testing.assert_allclose(np.asarray(out.sum(axis=0)), x.sum(0))
+  np.testing.assert_allclose(np.asarray(out.mean(axis=1, keepdims=True)),
+                             x.mean(1, keepdims=True))
+  np.testing.assert_allclose(np.asarray(out.max(axis=1)), x.max(1))
+  np.testing.assert_allclose(np.asarray(out.min()), x.min())
+  ints = tfspmd.pmap(lambda v: v)(np.arange(8, dtype=np.int32))
+  assert float(ints.mean()) == 3.5  # NumPy's mean of integers, not 3
+
+
+def test_tensorflow_and_numpy_functions_take_results(x, out):
+  np.testing.assert_allclose(tf.reduce_sum(out), x.sum())
+  np.testing.assert_allclose(out + tf.ones((8, 3)), x + 1)
+  np.testing.assert_allclose(np.mean(out), x.mean())
+  np.testing.assert_allclose(np.sum(out, axis=0), x.sum(0))
+  np.testing.assert_allclose(np.exp(out), np.exp(x), rtol=1e-6)
+
+
+def test_equal_results_compare_elementwise(x, out):
+  again = tfspmd.pmap(lambda v: v + 0)(x)
+  assert bool(np.all(np.asarray(out == again)))
+  assert (out == again).dtype == tf.bool
+  with pytest.raises(TypeError, match="unhashable"):
+    hash(out)
+  assert (out == "text") is False  # not an array: Python's default
+
+
+def test_operands_follow_tensorflow_dtypes(out):
+  ints = tfspmd.pmap(lambda v: v)(np.arange(8, dtype=np.int32))
+  assert (ints + 1).dtype == tf.int32   # a Python number takes the array's
+  assert (out * 2).dtype == tf.float32
+  for other in (1.5, np.float64(1.5), np.array([1.5] * 8)):
+    # No promotion, and above all no silent truncation of 1.5 to 1.
+    with pytest.raises(TypeError, match="int32"):
+      ints + other  # pylint: disable=pointless-statement
+
+
+def test_results_of_a_nested_pmap_keep_both_splits():
+  inner = tfspmd.pmap(
+      lambda v: v + tf.cast(lax.axis_index("c"), tf.float32), axis_name="c")
+  out = tfspmd.pmap(inner, axis_name="r")(np.zeros((2, 4), np.float32))
+  np.testing.assert_array_equal(on_devices(out * 10, ("axis_0", "axis_1")),
+                                np.tile(np.arange(4) * 10.0, (2, 1)))
+  other = tfspmd.pmap(lambda v: v * 1)(np.ones(4, np.float32))
+  with pytest.raises(ValueError, match="same devices"):
+    out + other  # pylint: disable=pointless-statement
