@@ -7,6 +7,7 @@ with NumPy below.
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfspmd
 from tfspmd import lax
@@ -364,3 +365,15 @@ def test_collectives_on_devices_out_of_id_order(order):
   np.testing.assert_array_equal(out[2], x.T)
   np.testing.assert_array_equal(out[3], x.sum(0))
   np.testing.assert_array_equal(out[4], np.arange(8))
+
+
+def test_pmean_of_integers_keeps_their_precision():
+  big = np.array([2 ** 40, 2 ** 40 + 3], np.int64)
+  mean64 = tfspmd.pmap(lambda v: lax.pmean(v, "i"), "i")(big)
+  assert mean64.dtype == tf.float64
+  np.testing.assert_array_equal(mean64, [2 ** 40 + 1.5] * 2)  # exact
+  for dtype, expected in [(np.int32, tf.float32), (np.uint32, tf.float64),
+                          (np.uint64, tf.float64), (np.int8, tf.float32)]:
+    out = tfspmd.pmap(lambda v: lax.pmean(v, "i"), "i")(np.array([1, 2], dtype))
+    assert out.dtype == expected, dtype
+    np.testing.assert_array_equal(out, [1.5, 1.5])

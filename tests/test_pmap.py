@@ -141,6 +141,21 @@ def test_static_arguments_retrace_only_when_they_change():
   assert traces == [2, 3]
 
 
+def test_static_arguments_of_other_types_trace_apart():
+  # 1, 1.0, True and np.int32(1) are equal with one hash; JAX traces each
+  # apart, and so must tfspmd, or f(x, 1.0) would reuse f(x, 1)'s int32.
+  g = tfspmd.pmap(lambda x, c: (x, tf.fill([2], c)),
+                  static_broadcasted_argnums=1)
+  x = np.zeros(2, np.float32)
+  results = {type(c).__name__: g(x, c)[1]
+             for c in (1, 1.0, True, np.int32(1))}
+  assert {name: r.dtype for name, r in results.items()} == {
+      "int": tf.int32, "float": tf.float32, "bool": tf.bool,
+      "int32": tf.int32}
+  np.testing.assert_array_equal(results["float"], [[1., 1.], [1., 1.]])
+  assert len(g._programs) == 4  # pylint: disable=protected-access
+
+
 def test_static_argument_with_in_axes_tuple_and_negative_argnum():
   g = tfspmd.pmap(lambda op, x: op(x), in_axes=(None, 0),
                   static_broadcasted_argnums=-2)

@@ -391,7 +391,8 @@ def test_every_dtype_moves_and_sums_like_numpy(n, dtype, seed):
   wrapped = np.sum(s, axis=0, dtype=dtype)  # integers wrap, as on devices
   check(total, stack_outputs([wrapped] * n, 0), dtype)
   if np.dtype(dtype).kind in "iu":  # the mean of the (wrapped) sum
-    mean_dtype = np.float32
+    wide = np.dtype(dtype) in (np.int64, np.uint32, np.uint64)
+    mean_dtype = np.float64 if wide else np.float32
     expected = wrapped.astype(np.float64) / n
   else:
     mean_dtype = dtype

@@ -139,6 +139,8 @@ class BoundCall:
     kwargs: The keyword arguments as given.
     static_positions: Positions in `args` of static arguments.
     statics: `(position, value)` of each static argument.
+    static_key: The statics as a cache key: `(position, type, value)`, so
+      `1`, `1.0` and `True` (equal, with one hash) trace apart, as in JAX.
     dynamic: The positional arguments that are not static.
     leaves: The leaves of `(dynamic, kwargs)`.
     treedef: Their tree structure.
@@ -150,6 +152,8 @@ class BoundCall:
     self.kwargs = kwargs
     self.static_positions = binding.static_positions(len(args))
     self.statics = binding.statics(args, self.static_positions)
+    self.static_key = tuple((position, type(value), value)
+                            for position, value in self.statics)
     self.dynamic = tuple(a for i, a in enumerate(args)
                          if i not in self.static_positions)
     self.leaves, self.treedef = tree.flatten((self.dynamic, kwargs))

@@ -160,7 +160,7 @@ class PmappedFunction:
         leaf = arguments.to_array_leaf(leaf, call.paths[k])
       values.append(leaf)
       signature.append((tuple(leaf.shape), tf.as_dtype(leaf.dtype)))
-    key = (call.treedef, call.statics, tuple(signature))
+    key = (call.treedef, call.static_key, tuple(signature))
     program = self._programs.get(key)
     if program is None:
       program = self._trace(key, call, values)
@@ -205,7 +205,7 @@ class PmappedFunction:
     signature = tuple((_local_shape(v, axis, path, share), v.dtype)
                       for v, axis, path in zip(values, call.in_axes,
                                                call.paths))
-    key = (call.treedef, call.statics, signature)
+    key = (call.treedef, call.static_key, signature)
     program = self._programs.get(key)
     if program is None:
       program = self._trace(key, call, values)

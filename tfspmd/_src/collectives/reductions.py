@@ -57,6 +57,9 @@ def psum(x, axis_name):
 def pmean(x, axis_name):
   """Averages `x` over the devices of the named axis (or axes).
 
+  Integers give floats: float64 for int64, uint32 and uint64 (so large
+  values keep their precision), float32 for the narrower ones.
+
   Example:
     >>> import tensorflow as tf, tfspmd
     >>> print(tfspmd.pmap(lambda x: tfspmd.lax.pmean(x, 'i'), 'i')(tf.range(4.)))
@@ -70,7 +73,10 @@ def pmean(x, axis_name):
   def mean(leaf):
     total = checks.as_int64(lambda v: _psum_leaf(v, targets, "pmean"), leaf)
     if total.dtype.is_integer:
-      return tf.cast(total, tf.float32) / count
+      # 64-bit integers keep their precision in float64 (2**40 + 1.5 stays
+      # exact); narrower ones give float32, as JAX's pmean does.
+      wide = leaf.dtype in (tf.int64, tf.uint64, tf.uint32)
+      return tf.cast(total, tf.float64 if wide else tf.float32) / count
     return total / tf.cast(count, total.dtype)
 
   return checks.leafwise(mean, x, collective="pmean",
