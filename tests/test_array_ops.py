@@ -1,6 +1,8 @@
 """ShardedArray operators and methods: on the devices, against NumPy."""
 
+import copy
 import operator
+import pickle
 
 import numpy as np
 import pytest
@@ -111,3 +113,13 @@ def test_results_of_a_nested_pmap_keep_both_splits():
   other = tfspmd.pmap(lambda v: v * 1)(np.ones(4, np.float32))
   with pytest.raises(ValueError, match="same devices"):
     out + other  # pylint: disable=pointless-statement
+
+
+def test_copies_stay_on_the_devices_and_pickles_hold_the_values(x, out):
+  for duplicate in (copy.copy(out), copy.deepcopy(out), copy.deepcopy([out])[0]):
+    assert duplicate is not out
+    assert duplicate.dtensor_value is not out.dtensor_value
+    np.testing.assert_array_equal(on_devices(duplicate), x)
+  loaded = pickle.loads(pickle.dumps({"out": out}))["out"]
+  assert isinstance(loaded, np.ndarray)
+  np.testing.assert_array_equal(loaded, x)

@@ -174,6 +174,18 @@ class ShardedArray:
   def __tf_tensor__(self, dtype=None, name=None):
     return tf.convert_to_tensor(self.numpy(), dtype=dtype, name=name)
 
+  def __copy__(self):
+    """A copy on the same devices, split the same way."""
+    self._check_alive()
+    return array_ops.unary(tf.identity, self)
+
+  def __deepcopy__(self, memo):
+    return self.__copy__()
+
+  def __reduce__(self):
+    # A pickle holds the values, not the devices: it loads as a NumPy array.
+    return (np.array, (self.numpy(),))
+
   # --- arithmetic on the devices (array_ops.py) --------------------------
 
   def _binary(self, op, other, reflected=False):
