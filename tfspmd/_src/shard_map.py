@@ -22,12 +22,12 @@ import math
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.experimental import dtensor
 
 from tfspmd._src import arguments
+from tfspmd._src import array_ops
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
-from tfspmd._src import placement as placement_lib
+from tfspmd._src import pmap as pmap_lib
 from tfspmd._src import tree
 from tfspmd._src.named_mesh import Mesh
 from tfspmd._src.named_mesh import PartitionSpec
@@ -58,31 +58,21 @@ def _map_specs(specs, function, name):
       f"tuples, lists or dicts, got {type(specs).__name__} {specs!r}.")
 
 
-def _in_axis(spec, names, level):
-  """Where mesh axis `names[level]` is in an input once the outer levels
-  have taken theirs, or None if the spec does not name it."""
-  taken = set(names[:level])
+def _mesh_axis_position(spec, names, level):
+  """Where the axis of mesh axis `names[level]` is in an expanded value.
+
+  Each pmap level sees the expanded value without the axes of the levels
+  outside it: an input once they have taken theirs, an output before they
+  insert theirs. So the position counts the named axes of this level and
+  the inner ones, and the blocks. None if the spec does not name the axis.
+  """
+  present = set(names[level:])
   position = 0
   for dimension in range(len(spec)):
     for name in spec.axes_of(dimension):
       if name == names[level]:
         return position
-      if name not in taken:
-        position += 1
-    position += 1
-  return None
-
-
-def _out_axis(spec, names, level):
-  """Where mesh axis `names[level]` goes in an output that already holds the
-  axes of the inner levels, or None if the spec does not name it."""
-  held = set(names[level:])
-  position = 0
-  for dimension in range(len(spec)):
-    for name in spec.axes_of(dimension):
-      if name == names[level]:
-        return position
-      if name in held:
+      if name in present:
         position += 1
     position += 1
   return None
@@ -97,9 +87,6 @@ def _check_spec(spec, rank, mesh, path, argument):
         f"dimension.")
   seen = set()
   for dimension in range(len(spec)):
-    entry = spec[dimension]
-    if isinstance(entry, tuple) and not entry:
-      continue
     for name in spec.axes_of(dimension):
       if name not in mesh.shape:
         raise ValueError(
@@ -141,31 +128,22 @@ def _expand_input(value, spec, mesh, path):
   return tf.reshape(value, shape)
 
 
-def _join_output(value, spec, mesh):
+def _join_output(value, spec):
   """The global array of the expanded result `value`.
 
   A ShardedArray gives a ShardedArray; a tensor (what pmap returns while a
   GradientTape records) gives a tensor, which the tape can follow.
   """
   shape = value.shape.as_list()
+  named = sum(len(spec.axes_of(d)) for d in range(len(spec)))
   merged, position = [], 0
-  for dimension in range(len(shape) - _named_count(spec, mesh)):
-    count = sum(1 for name in spec.axes_of(dimension) if name in mesh.shape)
+  for dimension in range(len(shape) - named):
+    count = len(spec.axes_of(dimension))
     merged.append(math.prod(shape[position:position + count + 1]))
     position += count + 1
   if not isinstance(value, ShardedArray):
     return tf.reshape(value, merged)
-  joined = tf.reshape(value.dtensor_value, merged)
-  layout = dtensor.fetch_layout(joined)
-  split = tuple(None if s == dtensor.UNSHARDED else s
-                for s in layout.sharding_specs)
-  placement = placement_lib.Placement(value.placement.mesh_key, split)
-  return ShardedArray(joined, placement, merged, value.dtype)
-
-
-def _named_count(spec, mesh):
-  return sum(1 for d in range(len(spec)) for name in spec.axes_of(d)
-             if name in mesh.shape)
+  return array_ops.wrap(tf.reshape(value.dtensor_value, merged), value)
 
 
 class ShardMappedFunction:
@@ -195,14 +173,14 @@ class ShardMappedFunction:
 
   def _nest(self, level):
     """The pmap of mesh axis `level`, around those of the inner axes."""
-    from tfspmd._src import pmap as pmap_lib  # pylint: disable=import-outside-toplevel
     names = self._mesh.axis_names
     if level == len(names):
       return self._per_device
-    in_axes = _map_specs(self._in_specs,
-                         lambda s: _in_axis(s, names, level), "in_specs")
-    out_axes = _map_specs(self._out_specs,
-                          lambda s: _out_axis(s, names, level), "out_specs")
+    def position(spec):
+      return _mesh_axis_position(spec, names, level)
+
+    in_axes = _map_specs(self._in_specs, position, "in_specs")
+    out_axes = _map_specs(self._out_specs, position, "out_specs")
     return pmap_lib.PmappedFunction(
         self._nest(level + 1), names[level], in_axes, out_axes, (),
         None, None, self._mesh.shape[names[level]], (), None,
@@ -257,7 +235,7 @@ class ShardMappedFunction:
                                       spec_name="out_specs", root="output",
                                       is_spec_leaf=_is_spec)
     return out_treedef.unflatten([
-        _join_output(leaf, _as_spec(spec), self._mesh)
+        _join_output(leaf, _as_spec(spec))
         for leaf, spec in zip(out_leaves, out_specs)])
 
 
