@@ -34,6 +34,17 @@ class Shard:
   data: tf.Tensor
 
 
+def _operator_pair(op):
+  """`(a op b, b op a)` methods of ShardedArray `a`, run on the devices."""
+  def forward(self, other):
+    return self._binary(op, other)  # pylint: disable=protected-access
+
+  def reflected(self, other):
+    return self._binary(op, other, reflected=True)  # pylint: disable=protected-access
+
+  return forward, reflected
+
+
 class ShardedArray:
   """A pmap result: an array split over devices along its mapped axes.
 
@@ -195,71 +206,21 @@ class ShardedArray:
     left, right = (other, self) if reflected else (self, other)
     return array_ops.binary(op, left, right, self)
 
-  def __add__(self, other):
-    return self._binary(tf.add, other)
-
-  def __radd__(self, other):
-    return self._binary(tf.add, other, reflected=True)
-
-  def __sub__(self, other):
-    return self._binary(tf.subtract, other)
-
-  def __rsub__(self, other):
-    return self._binary(tf.subtract, other, reflected=True)
-
-  def __mul__(self, other):
-    return self._binary(tf.multiply, other)
-
-  def __rmul__(self, other):
-    return self._binary(tf.multiply, other, reflected=True)
-
-  def __truediv__(self, other):
-    return self._binary(tf.math.truediv, other)
-
-  def __rtruediv__(self, other):
-    return self._binary(tf.math.truediv, other, reflected=True)
-
-  def __floordiv__(self, other):
-    return self._binary(tf.math.floordiv, other)
-
-  def __rfloordiv__(self, other):
-    return self._binary(tf.math.floordiv, other, reflected=True)
-
-  def __mod__(self, other):
-    return self._binary(tf.math.floormod, other)
-
-  def __rmod__(self, other):
-    return self._binary(tf.math.floormod, other, reflected=True)
-
-  def __pow__(self, other):
-    return self._binary(tf.pow, other)
-
-  def __rpow__(self, other):
-    return self._binary(tf.pow, other, reflected=True)
-
-  def __matmul__(self, other):
-    return self._binary(array_ops.matmul, other)
-
-  def __rmatmul__(self, other):
-    return self._binary(array_ops.matmul, other, reflected=True)
-
-  def __eq__(self, other):
-    return self._binary(tf.equal, other)
-
-  def __ne__(self, other):
-    return self._binary(tf.not_equal, other)
-
-  def __lt__(self, other):
-    return self._binary(tf.less, other)
-
-  def __le__(self, other):
-    return self._binary(tf.less_equal, other)
-
-  def __gt__(self, other):
-    return self._binary(tf.greater, other)
-
-  def __ge__(self, other):
-    return self._binary(tf.greater_equal, other)
+  __add__, __radd__ = _operator_pair(tf.add)
+  __sub__, __rsub__ = _operator_pair(tf.subtract)
+  __mul__, __rmul__ = _operator_pair(tf.multiply)
+  __truediv__, __rtruediv__ = _operator_pair(tf.math.truediv)
+  __floordiv__, __rfloordiv__ = _operator_pair(tf.math.floordiv)
+  __mod__, __rmod__ = _operator_pair(tf.math.floormod)
+  __pow__, __rpow__ = _operator_pair(tf.pow)
+  __matmul__, __rmatmul__ = _operator_pair(array_ops.matmul)
+  # Python reflects comparisons itself (a < b is b > a).
+  __eq__ = _operator_pair(tf.equal)[0]
+  __ne__ = _operator_pair(tf.not_equal)[0]
+  __lt__ = _operator_pair(tf.less)[0]
+  __le__ = _operator_pair(tf.less_equal)[0]
+  __gt__ = _operator_pair(tf.greater)[0]
+  __ge__ = _operator_pair(tf.greater_equal)[0]
 
   __hash__ = None  # elementwise ==, as NumPy and JAX arrays
   # `ndarray + out` defers to `out.__radd__` (on the devices) instead of
