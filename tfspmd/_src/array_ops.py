@@ -39,8 +39,7 @@ def _operand(value, like):
     tensor = tf.convert_to_tensor(value, dtype_hint=like.dtype)
   else:
     tensor = tf.convert_to_tensor(value)
-  return dtensor.copy_to_mesh(
-      tensor, dtensor.Layout.replicated(like.placement.mesh, tensor.shape.rank))
+  return placement_lib.replicated(tensor, like.placement.mesh)
 
 
 def accepts(value, like):

@@ -117,6 +117,9 @@ def in_id_order(devices):
 
 
 def _nodes(graph_def):
+  """Every node of `graph_def` and of its functions (none for None)."""
+  if graph_def is None:
+    return []
   nodes = list(graph_def.node)
   for function in graph_def.library.function:
     nodes.extend(function.node_def)
@@ -124,14 +127,10 @@ def _nodes(graph_def):
 
 
 def _has_loop(graph_def):
-  if graph_def is None:
-    return False
   return any(node.op in _LOOP_OPS for node in _nodes(graph_def))
 
 
 def _has_wide_unsigned(graph_def):
-  if graph_def is None:
-    return False
   for node in _nodes(graph_def):
     for value in node.attr.values():
       if value.type in _WIDE_UNSIGNED or any(

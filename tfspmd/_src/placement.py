@@ -159,3 +159,9 @@ def assemble(value, placement, local_shape, dtype):
     seen.add(index)
     out[block_slices(index, local_shape, counts)] = component.numpy()
   return out
+
+
+def replicated(tensor, mesh):
+  """An eager tensor copied whole to every device of `mesh`, as a DTensor."""
+  return dtensor.copy_to_mesh(
+      tensor, dtensor.Layout.replicated(mesh, tensor.shape.rank))

@@ -271,7 +271,7 @@ class PmappedFunction:
     top_dim = mesh_lib.mesh_dim_name(0)
     state = axis_env.TraceState(
         mesh_axes=[(self._axis_name, size, top_dim)],
-        max_devices=size if self._devices is not None else len(devices),
+        max_devices=len(devices) if self._devices is None else size,
         devices=tuple(devices))
     dtypes = [value.dtype for value in values]
     rebuild = call.rebuilder()
@@ -516,8 +516,7 @@ def _on_mesh(captured, mesh):
   if (not isinstance(captured, tf.Tensor) or dtensor.is_dtensor(captured) or
       captured.dtype in (tf.resource, tf.variant)):
     return captured
-  return dtensor.copy_to_mesh(
-      captured, dtensor.Layout.replicated(mesh, captured.shape.rank))
+  return placement_lib.replicated(captured, mesh)
 
 
 def _relayout_dtensor(value, placement):
