@@ -56,6 +56,8 @@ SIZES, AXES, STATIC, LEAVES, OUTPUTS, DEVICES, NAMES, COLLECTIVES, OPS, STATE = 
     "State, steps and configuration")
 PROCESSES = "Several processes"
 SHARD_MAP = "shard_map and meshes"
+CHECKPOINTS = "Adapters: checkpoints"
+KERAS = "Adapters: Keras and tf.data"
 
 # --- mapped sizes ------------------------------------------------------------
 
@@ -921,6 +923,12 @@ def _():
       r"`local_device_ids` picks physical GPUs, but the platform is 'cpu'")
 def _():
   INIT(local_device_ids=[0], backend="cpu")
+
+# --- adapters: checkpoints ---------------------------------------------------
+
+
+# --- adapters: Keras and tf.data ---------------------------------------------
+
 
 # Mistakes whose errors need several real processes, listed in the doc so
 # that it is the one place to look; tests/test_multiprocess.py raises each.
