@@ -7,10 +7,12 @@ made here are the ones pmap makes for a mapped size of `len(devices)` over the
 first local devices, so pmap takes the arrays with no copy.
 """
 
+import numpy as np
 from tensorflow.experimental import dtensor
 
 import tfspmd
 from tfspmd._src import mesh as mesh_lib  # pylint: disable=protected-access
+from tfspmd._src import placement as placement_lib  # pylint: disable=protected-access
 from tfspmd._src import pmap as pmap_lib  # pylint: disable=protected-access
 
 
@@ -66,17 +68,44 @@ def pack(components, devices, split):
   return tfspmd.ShardedArray(value, where, shape, first.dtype)
 
 
-def unpack(array):
-  """The per-device tensors of a `ShardedArray`, in device order."""
-  return [shard.data for shard in array.addressable_shards]
-
-
 def is_replicated(array):
   """True if every device holds the whole of `array`."""
   return all(dim is None for dim in array.placement.spec)
 
 
-def pack_like(components, like):
-  """A `ShardedArray` placed as `like` is, from one tensor per local device."""
-  value = dtensor.pack(list(components), like.layout)
+def block_counts(array):
+  """How many blocks `array` is cut into along each axis (1: whole).
+
+  Of this process's part, the array `np.asarray(array)` shows.
+  """
+  return array.placement.local_counts()
+
+
+def device_count(array):
+  """The number of this process's devices that hold a block of `array`."""
+  return len(array.placement.local_view)
+
+
+def distinct_blocks(array):
+  """Each block of `array` once, in row-major order of the block grid.
+
+  A block that several devices hold (an axis not split over some mesh
+  dimension) is taken from the first of them, on that device: nothing is
+  gathered.
+  """
+  holder = {}
+  for shard, (_, index) in zip(array.addressable_shards,
+                               array.placement.local_view):
+    block = tuple(0 if number is None else number for number in index)
+    holder.setdefault(block, shard.data)
+  return [holder[block] for block in np.ndindex(*block_counts(array))]
+
+
+def place_like(array, like):
+  """The NumPy `array` split over the devices as `like` is, as `like`'s type.
+
+  `array` has `like`'s shape (this process's part of it): each device gets
+  its block of it, whatever split the values came from.
+  """
+  value = placement_lib.pack_host_array(array, like.placement)
   return tfspmd.ShardedArray(value, like.placement, like.shape, like.dtype)

@@ -1,24 +1,48 @@
 """pmap training state saved and restored with `tf.train.Checkpoint`.
 
 A state is a pytree (tuples, lists, dicts, namedtuples) whose leaves are
-`tfspmd.ShardedArray`s, tensors or NumPy arrays. In the checkpoint:
+`tfspmd.ShardedArray`s, tensors or NumPy arrays. Each leaf is stored under
+its pytree path (`['w']`, `[1]`, `.opt`), never by position, with a record
+of its global shape (the array `np.asarray` shows), dtype, how many blocks
+it is cut into along each axis and over how many devices:
   - a replicated `ShardedArray` (parameters, optimizer state: the same on
-    every device) is stored once, as one variable;
-  - a split `ShardedArray` (per-device state) is stored per device, one
-    variable per device holding that device's block, read from the device
-    itself with no gathering;
-  - any other leaf is stored as one variable.
-Restoring needs a state of the same structure to fill (`like`), usually the
-state a fresh run built; the values come back bit for bit, placed as the
-leaves of `like` are. Other trackables (a step counter, a `tf.data`
-iterator) can be saved beside the state in the same checkpoint.
+    every device) is stored once;
+  - a split `ShardedArray` is stored block by block, each block once, read
+    from a device holding it with no gathering;
+  - any other leaf is stored whole.
+
+Restoring fills a state of the same structure (`like`, usually the state a
+fresh run built) leaf by leaf, by path. Each leaf comes back with its saved
+global value, bit for bit, split over the devices of `like`'s leaf however
+that leaf is split: over 8 devices or 4 or 1, replicated or split along
+another axis. So a shard_map array of shape (16, 3) saved from 8 devices as
+blocks of 2 rows restores onto 4 devices as blocks of 4 rows. What cannot
+keep its values is an error naming the leaf: a `like` whose leaves are not
+the saved ones (a renamed, extra or missing key), or a leaf of another
+global shape or dtype. A per-device pmap value of shape (8, ...), one row
+per device, is such a leaf on 4 devices, where `like` has shape (4, ...):
+restore it into a NumPy `like` of shape (8, ...) to get the saved rows.
+
+Other trackables (a step counter, a `tf.data` iterator) can be saved beside
+the state in the same checkpoint.
 """
+
+import collections
+import json
 
 import numpy as np
 import tensorflow as tf
 
 import tfspmd
 from adapters import _placement
+
+# Format 1 stored the leaves as a flat list, without their paths or layout.
+_FORMAT = 2
+_LAYOUT_KEY = "state/layout/.ATTRIBUTES/VARIABLE_VALUE"
+# Host copies (whole leaves, blocks read back) stay off the accelerators.
+_HOST = "CPU:0"
+# The checkpoint's own entries, which are no trackable of the user's.
+_NOT_TRACKABLES = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter", "state")
 
 
 def save(path, state, **trackables):
@@ -33,6 +57,10 @@ def save(path, state, **trackables):
   Returns:
     The checkpoint prefix written.
 
+  Raises:
+    TypeError: If a leaf of `state` is None or no array (a string, an
+      arbitrary object).
+
   Example:
     >>> import os, tempfile, numpy as np, tfspmd
     >>> from adapters import checkpoint
@@ -41,13 +69,22 @@ def save(path, state, **trackables):
     >>> print(checkpoint.restore(path, like=state))
     [ 0.  2.  4.  6.  8. 10. 12. 14.]
   """
-  leaves = [_saved_leaf(leaf) for leaf in tf.nest.flatten(state)]
-  _checkpoint(leaves, trackables).write(path)
+  leaves = _named_leaves(state, "save", "state")
+  records = [_record(name, leaf) for name, leaf in leaves]
+  with tf.device(_HOST):
+    layout = tf.Variable(json.dumps({"format": _FORMAT, "leaves": records}),
+                         trainable=False)
+  blocks = {name: _saved_blocks(leaf) for name, leaf in leaves}
+  _checkpoint(layout, blocks, trackables).write(path)
   return path
 
 
 def restore(path, like, **trackables):
   """Reads a state saved by `save` into the structure and placement of `like`.
+
+  Leaves are matched by pytree path. Each comes back with its saved global
+  value, split over `like`'s devices as `like`'s leaf is, whatever devices
+  or split it was saved from.
 
   Args:
     path: The checkpoint prefix `save` returned.
@@ -60,9 +97,14 @@ def restore(path, like, **trackables):
     the same way; NumPy arrays elsewhere.
 
   Raises:
-    ValueError: If the checkpoint does not hold a state like `like`.
+    FileNotFoundError: If there is no checkpoint at `path`.
+    ValueError: If the checkpoint holds no state written by `save`, if its
+      leaves are not those of `like` (by path), if a leaf of `like` has
+      another global shape or dtype than the saved one, or if `trackables`
+      do not match what was saved beside the state.
+    TypeError: If a leaf of `like` is None or no array.
 
-  Example:
+  Examples:
     >>> import os, tempfile, numpy as np, tensorflow as tf, tfspmd
     >>> from adapters import checkpoint
     >>> step = tfspmd.pmap(lambda w, x: w + tfspmd.lax.psum(x, 'i'), 'i',
@@ -75,34 +117,134 @@ def restore(path, like, **trackables):
     >>> restored = checkpoint.restore(path, like={'w': w}, epoch=epoch)
     >>> print(restored['w'], int(epoch))
     [8. 8.] 1
+
+    An array saved from 8 devices, as blocks of 2 rows, restored onto 4 of
+    them, as blocks of 4 rows:
+
+    >>> def rows(devices):
+    ...   mesh = tfspmd.make_mesh((len(devices),), ('x',), devices=devices)
+    ...   return tfspmd.shard_map(lambda b: b + 1, mesh=mesh,
+    ...                           in_specs=tfspmd.P('x'),
+    ...                           out_specs=tfspmd.P('x'))
+    >>> saved = rows(tfspmd.devices())(np.zeros((16, 3)))
+    >>> path = checkpoint.save(os.path.join(tempfile.mkdtemp(), 'ckpt'), saved)
+    >>> like = rows(tfspmd.devices()[:4])(np.zeros((16, 3)))
+    >>> restored = checkpoint.restore(path, like=like)
+    >>> [shard.data.shape.as_list() for shard in restored.addressable_shards]
+    [[4, 3], [4, 3], [4, 3], [4, 3]]
+    >>> float(np.asarray(restored).sum())
+    48.0
   """
-  like_leaves = tf.nest.flatten(like)
-  targets = [_target_leaf(leaf) for leaf in like_leaves]
-  status = _checkpoint(targets, trackables).read(path)
+  reader = _reader(path)
+  saved = {record["path"]: record for record in _saved_records(reader)}
+  wanted = _named_leaves(like, "restore", "like")
+  _check_same_leaves(saved, [name for name, _ in wanted])
+  for name, leaf in wanted:
+    _check_same_array(name, _record(name, leaf), saved[name])
+  with tf.device(_HOST):
+    layout = tf.Variable("", trainable=False)
+    targets = {name: _block_targets(saved[name]) for name, _ in wanted}
+  # The state was checked against its layout above: what fails here is a
+  # trackable, absent (AssertionError) or of another shape or dtype.
   try:
+    status = _checkpoint(layout, targets, trackables).read(path)
     status.assert_existing_objects_matched()
-  except AssertionError as e:
-    raise ValueError(
-        f"checkpoint.restore: {path} does not hold a state like `like` "
-        f"({len(like_leaves)} leaves, with the same per-device splits) and "
-        f"the trackables {sorted(trackables)}: {e}") from None
-  values = [_restored_leaf(target, leaf)
-            for target, leaf in zip(targets, like_leaves)]
+  except (AssertionError, ValueError, tf.errors.InvalidArgumentError):
+    raise ValueError(_trackables_mismatch(reader, trackables)) from None
+  # Trackables saved beside the state but not asked for stay unread.
+  status.expect_partial()
+  values = [_restored_leaf(targets[name], saved[name], leaf)
+            for name, leaf in wanted]
   return tf.nest.pack_sequence_as(like, values)
 
 
-def _checkpoint(leaves, trackables):
-  return tf.train.Checkpoint(state=leaves, **trackables)
+def _checkpoint(layout, blocks, trackables):
+  state = {"layout": layout, "leaves": blocks}
+  return tf.train.Checkpoint(state=state, **trackables)
 
 
-def _saved_leaf(leaf):
-  """The variable(s) holding one leaf: one, or one per device for a split leaf."""
+# --- leaves by path ------------------------------------------------------------
+
+
+def _named_leaves(tree, operation, root):
+  """`(path, leaf)` of each leaf of `tree`, in tf.nest's flatten order.
+
+  The path is relative to the root (`['w']`, `[0].mu`, '' for a lone leaf).
+  A leaf that is no `ShardedArray` comes back as a NumPy array.
+
+  Args:
+    tree: The state (`save`) or `like` (`restore`).
+    operation: 'save' or 'restore', for error messages.
+    root: The name of `tree` in error messages: 'state' or 'like'.
+  """
+  leaves = []
+  _collect(tree, "", leaves)
+  return [(name, _storable(leaf, f"checkpoint.{operation}", root + name))
+          for name, leaf in leaves]
+
+
+def _collect(tree, path, leaves):
+  # The orders are tf.nest's, so that `pack_sequence_as` rebuilds `like`.
+  if isinstance(tree, collections.abc.Mapping):
+    for key in sorted(tree):
+      _collect(tree[key], f"{path}[{key!r}]", leaves)
+  elif isinstance(tree, tuple) and hasattr(type(tree), "_fields"):
+    for field, child in zip(tree._fields, tree):
+      _collect(child, f"{path}.{field}", leaves)
+  elif isinstance(tree, (list, tuple)):
+    for i, child in enumerate(tree):
+      _collect(child, f"{path}[{i}]", leaves)
+  else:
+    leaves.append((path, tree))
+
+
+def _storable(leaf, caller, where):
+  """`leaf`, as a NumPy array unless it is a `ShardedArray`, if it is an array."""
+  if leaf is None:
+    raise TypeError(
+        f"{caller}: {where} is None, which a checkpoint cannot hold: leave "
+        f"the leaf out of the state, or put an empty array (np.zeros(0)) in "
+        f"its place.")
   if isinstance(leaf, tfspmd.ShardedArray):
-    blocks = _placement.unpack(leaf)
-    if _placement.is_replicated(leaf):
-      return _variable_on(blocks[0])
-    return [_variable_on(block) for block in blocks]
-  return tf.Variable(np.asarray(leaf), trainable=False)
+    return leaf
+  array = np.asarray(leaf)
+  if not _is_numeric(array.dtype):
+    raise TypeError(
+        f"{caller}: {where} is a {type(leaf).__name__}, which a checkpoint "
+        f"cannot hold: the leaves must be tfspmd.ShardedArrays, tensors, "
+        f"NumPy arrays or numbers.")
+  return array
+
+
+def _is_numeric(dtype):
+  """True for the dtypes of numbers and bools TensorFlow has."""
+  try:
+    return tf.as_dtype(dtype) != tf.string
+  except TypeError:
+    return False
+
+
+def _record(name, leaf):
+  """What the checkpoint records of a leaf beside its blocks."""
+  if isinstance(leaf, tfspmd.ShardedArray):
+    split = [int(count) for count in _placement.block_counts(leaf)]
+    devices = _placement.device_count(leaf)
+  else:
+    split, devices = [1] * leaf.ndim, 0
+  return {"path": name, "shape": [int(n) for n in leaf.shape],
+          "dtype": tf.as_dtype(leaf.dtype).name, "split": split,
+          "devices": devices}
+
+
+# --- saving ----------------------------------------------------------------------
+
+
+def _saved_blocks(leaf):
+  """One variable per distinct block of `leaf`, in row-major block order."""
+  if isinstance(leaf, tfspmd.ShardedArray):
+    return [_variable_on(block) for block in _placement.distinct_blocks(leaf)]
+  with tf.device(_HOST):
+    return [tf.Variable(leaf, trainable=False)]
 
 
 def _variable_on(tensor):
@@ -110,23 +252,151 @@ def _variable_on(tensor):
     return tf.Variable(tensor, trainable=False)
 
 
-def _target_leaf(leaf):
-  """Variables shaped like `leaf`'s saved form, for the checkpoint to fill."""
-  if isinstance(leaf, tfspmd.ShardedArray):
-    blocks = [tf.zeros(block.shape, block.dtype)
-              for block in _placement.unpack(leaf)]
-    if _placement.is_replicated(leaf):
-      return tf.Variable(blocks[0], trainable=False)
-    return [tf.Variable(block, trainable=False) for block in blocks]
-  array = np.asarray(leaf)
-  return tf.Variable(np.zeros(array.shape, array.dtype), trainable=False)
+# --- restoring -------------------------------------------------------------------
 
 
-def _restored_leaf(target, like):
-  if not isinstance(like, tfspmd.ShardedArray):
-    return target.numpy()
-  if _placement.is_replicated(like):
-    components = [target.read_value()] * len(like.addressable_shards)
-  else:
-    components = [v.read_value() for v in target]
-  return _placement.pack_like(components, like)
+def _reader(path):
+  try:
+    return tf.train.load_checkpoint(path)
+  except (tf.errors.NotFoundError, ValueError):
+    raise FileNotFoundError(
+        f"checkpoint.restore: there is no checkpoint at {path!r}. Pass the "
+        f"prefix checkpoint.save returned (tf.train.latest_checkpoint(directory) "
+        f"finds the newest in a directory).") from None
+
+
+def _saved_records(reader):
+  if not reader.has_tensor(_LAYOUT_KEY):
+    raise ValueError(
+        "checkpoint.restore: the checkpoint holds no state written by "
+        "adapters.checkpoint.save with its leaves' paths (it was written by "
+        "tf.train.Checkpoint directly, or by an adapters.checkpoint before "
+        "leaves were saved by path). Restore it with the code that wrote "
+        "it, and save it again with checkpoint.save.")
+  layout = json.loads(reader.get_tensor(_LAYOUT_KEY))
+  if layout["format"] != _FORMAT:
+    raise ValueError(
+        f"checkpoint.restore: the checkpoint's state has format "
+        f"{layout['format']}, this adapters.checkpoint reads format "
+        f"{_FORMAT}: restore it with the version that wrote it.")
+  return layout["leaves"]
+
+
+def _check_same_leaves(saved, wanted):
+  """Raises unless `wanted` and `saved` name the same leaves."""
+  absent = [name for name in wanted if name not in saved]
+  wanted_names = set(wanted)
+  dropped = [name for name in saved if name not in wanted_names]
+  if not absent and not dropped:
+    return
+  problems = []
+  if absent:
+    problems.append(f"the checkpoint has no value for "
+                    f"{_paths('like', absent)}")
+  if dropped:
+    problems.append(f"`like` has no place for the saved "
+                    f"{_paths('state', dropped)}, which would be lost")
+  raise ValueError(
+      f"checkpoint.restore: `like` does not have the leaves of the saved "
+      f"state: {'; '.join(problems)}. The checkpoint holds "
+      f"{_paths('state', list(saved))}: restore into a `like` with those "
+      f"leaves (the same dict keys, sequence lengths and namedtuple fields).")
+
+
+def _paths(root, names, most=8):
+  shown = ", ".join(root + name for name in names[:most])
+  if len(names) > most:
+    shown += f", ... ({len(names)} in all)"
+  return shown
+
+
+def _check_same_array(name, wanted, saved):
+  """Raises unless the leaf `like` wants has the saved global shape and dtype."""
+  if wanted["shape"] != saved["shape"]:
+    raise ValueError(_shape_mismatch(name, wanted, saved))
+  if wanted["dtype"] != saved["dtype"]:
+    raise ValueError(
+        f"checkpoint.restore: like{name} has dtype {wanted['dtype']}, but the "
+        f"checkpoint saved state{name} as {saved['dtype']}. Restore into a "
+        f"`like` of dtype {saved['dtype']}, and cast the result if you need "
+        f"{wanted['dtype']}.")
+
+
+def _shape_mismatch(name, wanted, saved):
+  """The message for a leaf whose global shape is not the saved one."""
+  head = (f"checkpoint.restore: like{name} has shape {_shape(wanted)} "
+          f"{_where(wanted)}, but the checkpoint saved state{name} as shape "
+          f"{_shape(saved)} {_where(saved)}")
+  if _is_per_device(saved) and wanted["shape"][1:] == saved["shape"][1:]:
+    rows, want = saved["shape"][0], wanted["shape"][0]
+    return (f"{head}, one row of axis 0 per device. A per-device value has "
+            f"no same values over another number of devices: restore it into "
+            f"a NumPy `like` of shape {_shape(saved)} to get the {rows} saved "
+            f"rows on the host, and build the {want} rows you need from them.")
+  return (f"{head}. A restored array keeps its saved global shape, split "
+          f"over any devices: restore into a `like` of shape "
+          f"{_shape(saved)}.")
+
+
+def _is_per_device(record):
+  """True for a pmap result mapped over its devices: one row of axis 0 each."""
+  shape, split = record["shape"], record["split"]
+  return bool(shape) and shape[0] == split[0] == record["devices"] > 1
+
+
+def _shape(record):
+  return str(tuple(record["shape"]))
+
+
+def _where(record):
+  devices = record["devices"]
+  if not devices:
+    return "on the host"
+  if devices == 1:
+    return "on 1 device"
+  if all(blocks == 1 for blocks in record["split"]):
+    return f"replicated on {devices} devices"
+  return f"split over {devices} devices"
+
+
+def _block_targets(record):
+  """Zero variables shaped like the saved blocks, for the checkpoint to fill."""
+  shape = [n // count for n, count in zip(record["shape"], record["split"])]
+  dtype = tf.as_dtype(record["dtype"])
+  return [tf.Variable(tf.zeros(shape, dtype), trainable=False)
+          for _ in np.ndindex(*record["split"])]
+
+
+def _restored_leaf(targets, record, like):
+  array = _global_array([target.numpy() for target in targets], record)
+  if isinstance(like, tfspmd.ShardedArray):
+    return _placement.place_like(array, like)
+  return array
+
+
+def _global_array(blocks, record):
+  """The array whose blocks, in row-major order of the grid, are `blocks`."""
+  if len(blocks) == 1:
+    return blocks[0]
+  array = np.empty(record["shape"], blocks[0].dtype)
+  for grid_index, block in zip(np.ndindex(*record["split"]), blocks):
+    array[tuple(slice(i * n, (i + 1) * n)
+                for i, n in zip(grid_index, block.shape))] = block
+  return array
+
+
+def _trackables_mismatch(reader, trackables):
+  """The message for trackables the checkpoint does not hold as given."""
+  saved = sorted({key.split("/")[0]
+                  for key in reader.get_variable_to_shape_map()}
+                 - set(_NOT_TRACKABLES))
+  absent = [name for name in sorted(trackables) if name not in saved]
+  if absent:
+    return (f"checkpoint.restore: the checkpoint holds nothing for the "
+            f"trackables {absent}; beside the state it holds "
+            f"{saved or 'nothing'}. Pass only objects saved with it, under "
+            f"the names they were saved with.")
+  return (f"checkpoint.restore: the trackables {sorted(trackables)} do not "
+          f"match what the checkpoint holds under those names: pass objects "
+          f"of the kind and structure that were saved (the same model, "
+          f"optimizer or iterator).")
