@@ -13,14 +13,19 @@ TensorFlow backend:
     refuses (it would break `tf.distribute`): `stateless_optimizer` gives the
     optimizer the backend-neutral methods of `BaseOptimizer` while a step
     traces.
+Also here: the optimizer's learning-rate variable, whether a loss or
+metrics were compiled, and BatchNormalization's batch moments with padding
+rows left out.
 The suite runs on the Keras versions below; another version is an error
 here, at import, rather than a wrong number later.
 """
 
 import contextlib
+import functools
 import types
 
 import keras
+import tensorflow as tf
 
 SUPPORTED_KERAS_VERSIONS = ("3.15",)
 
@@ -122,3 +127,105 @@ def stateless_optimizer(optimizer):
   finally:
     for name in patched:
       object.__delattr__(optimizer, name)
+
+
+def learning_rate_variable(optimizer):
+  """The optimizer's learning-rate variable; None for a schedule or callable."""
+  rate = optimizer._learning_rate  # pylint: disable=protected-access
+  return rate if isinstance(rate, keras.Variable) else None
+
+
+def compiled_users_of_targets(model):
+  """What `compile` was given that needs targets `y`: the loss, metrics."""
+  compiled = (("loss", model._compile_loss),  # pylint: disable=protected-access
+              ("metrics", model._compile_metrics))  # pylint: disable=protected-access
+  return [name for name, value in compiled if value is not None]
+
+
+@contextlib.contextmanager
+def batch_norm_row_weights(model, rows):
+  """Leaves rows of weight 0 out of every BatchNormalization's batch moments.
+
+  Keras' BatchNormalization takes a mask only through Keras' mask
+  propagation (shaped like the inputs less the feature axis, and refused
+  for some layers), so padding rows are left out by giving each layer a
+  `_moments` that weights the rows: the layer's own `mask`, if any, times
+  `rows` along the batch axis.
+
+  Args:
+    model: The Keras model whose layers to change while inside.
+    rows: A float tensor of shape `(batch,)`: 1 for a real row, 0 for a
+      padding row.
+  """
+  layers = [layer for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+            if isinstance(layer, keras.layers.BatchNormalization)]
+  for layer in layers:
+    object.__setattr__(layer, "_moments", functools.partial(
+        _row_weighted_moments, layer, rows))
+  try:
+    yield
+  finally:
+    for layer in layers:
+      object.__delattr__(layer, "_moments")
+
+
+def _row_weighted_moments(layer, rows, inputs, mask):
+  """Mean and variance over `layer`'s reduction axes, rows weighted by `rows`."""
+  rank = inputs.shape.rank
+  if inputs.shape[0] is not None and inputs.shape[0] != rows.shape[0]:
+    raise ValueError(
+        f"KerasTrainer(remainder='pad'): the BatchNormalization {layer.name!r} "
+        f"gets {inputs.shape[0]} rows where the batch has {rows.shape[0]}, so "
+        f"it cannot leave the padding rows out of its batch statistics. Use "
+        f"batches that divide by the devices (remainder='error').")
+  weights = tf.reshape(tf.cast(rows, inputs.dtype), [-1] + [1] * (rank - 1))
+  if mask is not None:
+    weights = weights * tf.expand_dims(tf.cast(mask, inputs.dtype), -1)
+  weights = tf.broadcast_to(weights, tf.shape(inputs))
+  axes = layer._reduction_axes  # pylint: disable=protected-access
+  count = tf.reduce_sum(weights, axes, keepdims=True)
+  mean = tf.math.divide_no_nan(
+      tf.reduce_sum(weights * inputs, axes, keepdims=True), count)
+  # As tf.nn.moments: no gradient through the mean in the variance.
+  squares = tf.math.squared_difference(inputs, tf.stop_gradient(mean))
+  variance = tf.math.divide_no_nan(
+      tf.reduce_sum(weights * squares, axes, keepdims=True), count)
+  return tf.squeeze(mean, axes), tf.squeeze(variance, axes)
+
+
+def compute_metrics_of_rows(model, y, y_pred, sample_weight, rows):
+  """`model.compute_metrics` with the rows of weight 0 in `rows` left out.
+
+  Keras gives the compiled `metrics` no sample weights, and a step cannot
+  drop rows (shapes are static on the devices), so each compiled metric is
+  updated here as `CompileMetrics.update_state` does, with `rows` as (or
+  times) its sample weights.
+  """
+  compiled = model._compile_metrics  # pylint: disable=protected-access
+  if compiled is not None:
+    if not compiled.built:
+      compiled.build(y, y_pred)
+    y_true = compiled._flatten_y(y)  # pylint: disable=protected-access
+    y_pred = compiled._flatten_y(y_pred)  # pylint: disable=protected-access
+    weights = ([None] * len(y_true) if sample_weight is None
+               else compiled._flatten_y(sample_weight))  # pylint: disable=protected-access
+    if len(weights) < len(y_true):
+      weights = [weights[0]] * len(y_true)
+    for metric, target, prediction in zip(
+        compiled._flat_metrics, y_true, y_pred):  # pylint: disable=protected-access
+      if metric:
+        metric.update_state(target, prediction, sample_weight=rows)
+    for metric, target, prediction, weight in zip(
+        compiled._flat_weighted_metrics, y_true, y_pred, weights):  # pylint: disable=protected-access
+      if metric:
+        metric.update_state(target, prediction,
+                            sample_weight=_times_rows(weight, rows))
+  return model.get_metrics_result()
+
+
+def _times_rows(weight, rows):
+  """Sample weights (or None) times a row mask, broadcast along the rows."""
+  if weight is None:
+    return rows
+  weight = tf.cast(weight, rows.dtype)
+  return weight * tf.reshape(rows, [-1] + [1] * (weight.shape.rank - 1))

@@ -57,8 +57,10 @@ def device_batches(dataset, *, num_devices=None, steps_per_call=None,
     to get the placed batches.
 
   Raises:
-    ValueError: For a bad argument here, or while iterating, for a batch that
-      does not divide by the devices, or whose leaves disagree in size.
+    ValueError: For a bad argument here (a dataset that is not batched, or
+      whose elements hold sparse or ragged tensors, included), or while
+      iterating, for a batch that does not divide by the devices, or whose
+      leaves disagree in size.
 
   Example:
     >>> import numpy as np, tensorflow as tf
@@ -113,6 +115,7 @@ class DeviceBatches:
       raise ValueError(
           f"device_batches: `process_index` must be in [0, process_count="
           f"{self.process_count}), got {self.process_index}.")
+    check_element_spec(dataset.element_spec, "device_batches", "dataset")
     self.devices = _placement.data_devices(num_devices)
     self._steps = steps_per_call
     self._remainder = remainder
@@ -171,7 +174,8 @@ class DeviceBatches:
       raise ValueError(
           f"device_batches: the leaves of batch {batch_index} have different "
           f"batch sizes {sizes.tolist()}; every leaf of an element needs the "
-          f"batch as its first axis.")
+          f"batch as its first axis (a dataset that is not batched yet needs "
+          f"`dataset.batch(n)`).")
     size = int(sizes[0])
     if size % self.total_devices:
       raise ValueError(
@@ -212,16 +216,93 @@ def _pad(element, total):
         f"of type {type(element).__name__}"
         f"{f' of length {len(element)}' if isinstance(element, tuple) else ''}"
         f". Use remainder='error' and batch sizes that divide by {total}.")
-  size = _batch_size(element)
-  padded = (size + total - 1) // total * total
   if len(element) == 2:
-    element = element + (tf.ones([size], tf.float32),)
+    element = element + (tf.ones([_batch_size(element)], tf.float32),)
+  padded, _ = pad_rows(element, total)
+  return padded
+
+
+def pad_rows(element, multiple):
+  """Pads every leaf of a global batch with zero rows to a multiple of rows.
+
+  Args:
+    element: A global batch: a tensor or a pytree of tensors whose first
+      axis is the batch.
+    multiple: The number of rows the padded batch must divide by.
+
+  Returns:
+    The padded element, and a float32 mask of its rows: 1 for the batch's
+    own rows, 0 for the padding rows after them.
+
+  Example:
+    >>> import tensorflow as tf
+    >>> from adapters import tf_data
+    >>> padded, rows = tf_data.pad_rows({"x": tf.ones([3, 2])}, 4)
+    >>> padded["x"].shape.as_list(), rows.numpy().tolist()
+    ([4, 2], [1.0, 1.0, 1.0, 0.0])
+  """
+  size = _batch_size(element)
+  padded = (size + multiple - 1) // multiple * multiple
 
   def pad(leaf):
     extra = [[0, padded - size]] + [[0, 0]] * (leaf.shape.rank - 1)
     return tf.pad(leaf, extra)
 
-  return tf.nest.map_structure(pad, element)
+  rows = tf.pad(tf.ones([size], tf.float32), [[0, padded - size]])
+  return tf.nest.map_structure(pad, element), rows
+
+
+def check_element_spec(spec, caller, argument):
+  """Raises if a dataset's elements are not global batches of dense tensors.
+
+  Args:
+    spec: The dataset's `element_spec`.
+    caller: The function to name in the message (e.g. 'device_batches').
+    argument: The argument that holds the dataset (e.g. 'dataset').
+
+  Raises:
+    ValueError: If a leaf is sparse or ragged (it cannot be split into
+      per-device blocks), or is a scalar (the dataset is not batched).
+  """
+  for path, leaf in named_leaves(spec, "element"):
+    path = f"{path} of `{argument}`"
+    if isinstance(leaf, (tf.SparseTensorSpec, tf.RaggedTensorSpec)):
+      kind = "sparse" if isinstance(leaf, tf.SparseTensorSpec) else "ragged"
+      fix = ("tf.sparse.to_dense(t)" if kind == "sparse" else
+             "t.to_tensor() (zero-padded)")
+      raise ValueError(
+          f"{caller}: {path} is a {kind} tensor ({leaf}); only dense tensors "
+          f"can be split into per-device blocks. Make it dense in the "
+          f"pipeline, e.g. `{argument} = {argument}.map(...)` with {fix}.")
+    if not isinstance(leaf, tf.TensorSpec):
+      raise ValueError(
+          f"{caller}: {path} is a {type(leaf).__name__}, not a tensor; the "
+          f"elements of `{argument}` must be tensors or tuples, dicts or "
+          f"namedtuples of tensors.")
+    if leaf.shape.rank == 0:
+      raise ValueError(
+          f"{caller}: {path} is a scalar ({leaf}), so `{argument}` is not "
+          f"batched: each of its elements must be a global batch whose first "
+          f"axis is the batch. Batch it, e.g. `{argument}.batch(n)` with n a "
+          f"multiple of the number of devices.")
+
+
+def named_leaves(structure, root):
+  """The leaves of a nested structure with Python-style paths from `root`.
+
+  Example:
+    >>> from adapters import tf_data
+    >>> [path for path, _ in tf_data.named_leaves({"a": (1, 2)}, "x")]
+    ["x['a'][0]", "x['a'][1]"]
+  """
+  if isinstance(structure, dict):
+    items = [(f"{root}[{key!r}]", structure[key]) for key in sorted(structure)]
+  elif isinstance(structure, (tuple, list)):
+    items = [(f"{root}[{k}]", value) for k, value in enumerate(structure)]
+  else:
+    return [(root, structure)]
+  return [named for path, value in items
+          for named in named_leaves(value, path)]
 
 
 def _batch_size(element):
