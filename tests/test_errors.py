@@ -15,12 +15,14 @@ import dataclasses
 import fractions
 import os
 import re
+import tempfile
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfspmd
+from adapters import checkpoint
 from tfspmd import lax
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -925,6 +927,129 @@ def _():
   INIT(local_device_ids=[0], backend="cpu")
 
 # --- adapters: checkpoints ---------------------------------------------------
+
+
+def _saved(state, **trackables):
+  """A checkpoint of `state` in a fresh directory."""
+  return checkpoint.save(os.path.join(tempfile.mkdtemp(), "ckpt"), state,
+                         **trackables)
+
+
+_PARAMS = {"bias": np.zeros(3, np.float32),
+           "kernel": np.zeros((4, 3), np.float32)}
+
+
+@case("checkpoint-none-leaf", CHECKPOINTS, "checkpoint.save of a None leaf",
+      TypeError, r"checkpoint\.save: state\['opt'\]\[1\] is None, which a "
+      r"checkpoint cannot hold: leave the leaf out of the state, or put an "
+      r"empty array \(np\.zeros\(0\)\) in its place")
+def _():
+  checkpoint.save(os.path.join(tempfile.mkdtemp(), "ckpt"),
+                  {"w": np.zeros(2), "opt": [np.zeros(2), None]})
+
+
+@case("checkpoint-not-an-array", CHECKPOINTS,
+      "checkpoint.save of a leaf that is no array (a str)", TypeError,
+      r"checkpoint\.save: state\['name'\] is a str, which a checkpoint cannot "
+      r"hold: the leaves must be tfspmd\.ShardedArrays, tensors, NumPy arrays "
+      r"or numbers")
+def _():
+  checkpoint.save(os.path.join(tempfile.mkdtemp(), "ckpt"),
+                  {"w": np.zeros(2), "name": "run-3"})
+
+
+@case("checkpoint-renamed-leaf", CHECKPOINTS,
+      "checkpoint.restore into a `like` with a key renamed", ValueError,
+      r"checkpoint\.restore: `like` does not have the leaves of the saved "
+      r"state: the checkpoint has no value for like\['weights'\]; `like` has "
+      r"no place for the saved state\['kernel'\], which would be lost\. The "
+      r"checkpoint holds state\['bias'\], state\['kernel'\]")
+def _():
+  checkpoint.restore(_saved(_PARAMS), like={"bias": _PARAMS["bias"],
+                                            "weights": _PARAMS["kernel"]})
+
+
+@case("checkpoint-extra-leaf", CHECKPOINTS,
+      "checkpoint.restore into a `like` with a key the checkpoint lacks",
+      ValueError, r"the checkpoint has no value for like\['scale'\]\. The "
+      r"checkpoint holds state\['bias'\], state\['kernel'\]")
+def _():
+  checkpoint.restore(_saved(_PARAMS), like={**_PARAMS, "scale": np.zeros(3)})
+
+
+@case("checkpoint-missing-leaf", CHECKPOINTS,
+      "checkpoint.restore into a `like` without one of the saved keys",
+      ValueError, r"`like` has no place for the saved state\['bias'\], which "
+      r"would be lost")
+def _():
+  checkpoint.restore(_saved(_PARAMS), like={"kernel": _PARAMS["kernel"]})
+
+
+@case("checkpoint-shape", CHECKPOINTS,
+      "checkpoint.restore into a leaf of another global shape", ValueError,
+      r"like\['kernel'\] has shape \(3, 4\) on the host, but the checkpoint "
+      r"saved state\['kernel'\] as shape \(4, 3\) on the host\. A restored "
+      r"array keeps its saved global shape, split over any devices: restore "
+      r"into a `like` of shape \(4, 3\)")
+def _():
+  checkpoint.restore(_saved(_PARAMS), like={"bias": _PARAMS["bias"],
+                                            "kernel": np.zeros((3, 4))})
+
+
+@case("checkpoint-dtype", CHECKPOINTS,
+      "checkpoint.restore into a leaf of another dtype", ValueError,
+      r"like\['bias'\] has dtype float64, but the checkpoint saved "
+      r"state\['bias'\] as float32\. Restore into a `like` of dtype float32")
+def _():
+  checkpoint.restore(_saved(_PARAMS), like={"bias": np.zeros(3),
+                                            "kernel": _PARAMS["kernel"]})
+
+
+@case("checkpoint-per-device-count", CHECKPOINTS,
+      "checkpoint.restore of a per-device pmap value from 8 devices onto 4",
+      ValueError, r"like\['s'\] has shape \(4, 2\) split over 4 devices, but "
+      r"the checkpoint saved state\['s'\] as shape \(8, 2\) split over 8 "
+      r"devices, one row of axis 0 per device\. .*restore it into a NumPy "
+      r"`like` of shape \(8, 2\) to get the 8 saved rows")
+def _():
+  path = _saved({"s": P(lambda x: x + 1)(np.zeros((8, 2)))})
+  checkpoint.restore(path, like={"s": P(lambda x: x + 1)(np.zeros((4, 2)))})
+
+
+@case("checkpoint-not-found", CHECKPOINTS,
+      "checkpoint.restore of a path with no checkpoint", FileNotFoundError,
+      r"checkpoint\.restore: there is no checkpoint at '/nonexistent/ckpt'\. "
+      r"Pass the prefix checkpoint\.save returned")
+def _():
+  checkpoint.restore("/nonexistent/ckpt", like=_PARAMS)
+
+
+@case("checkpoint-not-from-save", CHECKPOINTS,
+      "checkpoint.restore of a checkpoint not written by checkpoint.save",
+      ValueError, r"the checkpoint holds no state written by "
+      r"adapters\.checkpoint\.save with its leaves' paths")
+def _():
+  path = tf.train.Checkpoint(state=[tf.Variable(1.)]).write(
+      os.path.join(tempfile.mkdtemp(), "ckpt"))
+  checkpoint.restore(path, like=[np.float32(0)])
+
+
+@case("checkpoint-trackable-absent", CHECKPOINTS,
+      "checkpoint.restore with a trackable that was not saved", ValueError,
+      r"the checkpoint holds nothing for the trackables \['epoch'\]; beside "
+      r"the state it holds \['step'\]")
+def _():
+  path = _saved(_PARAMS, step=tf.Variable(3))
+  checkpoint.restore(path, like=_PARAMS, epoch=tf.Variable(0))
+
+
+@case("checkpoint-trackable-mismatch", CHECKPOINTS,
+      "checkpoint.restore with a trackable of another shape than saved",
+      ValueError, r"the trackables \['step'\] do not match what the "
+      r"checkpoint holds under those names")
+def _():
+  path = _saved(_PARAMS, step=tf.Variable(3))
+  checkpoint.restore(path, like=_PARAMS, step=tf.Variable([0, 0]))
 
 
 # --- adapters: Keras and tf.data ---------------------------------------------
