@@ -28,11 +28,16 @@ class Frame:
     size: The number of positions along the axis.
     index: The pfor loop variable of this axis (a scalar int32 tensor).
     mesh_dim: The DTensor mesh dimension of a pmap axis; None for vmap.
+    run_collective: For an axis whose devices run as threads rather than
+      positions of a pfor loop (debug mode): `run_collective(value, targets,
+      step, function)` meets the other devices and returns this device's
+      result of a collective over `targets`. None where pfor converts it.
   """
   name: object
   size: int
   index: object
   mesh_dim: str = None
+  run_collective: object = None
 
 
 @dataclasses.dataclass

@@ -10,9 +10,9 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfspmd._src import arguments
 from tfspmd._src import axis_env
 from tfspmd._src import control_flow
+from tfspmd._src import out_axes as out_axes_lib
 from tfspmd._src import stacking
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
@@ -85,7 +85,8 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       leaves, treedef = tree.flatten(result)
       outputs = [output_tensor(leaf, path) for leaf, path in zip(
           leaves, tree.leaf_paths(result, "output"))]
-      specs = resolve_out_axes(out_axes, result, outputs)
+      specs = out_axes_lib.resolve(out_axes, result,
+                                   [o.shape.rank for o in outputs])
       traced.update(treedef=treedef, specs=specs, outputs=outputs,
                     paths=tree.leaf_paths(result, "output"))
       return [_mark_invariant(value, k, frame, invariant, varying)
@@ -165,31 +166,6 @@ def output_tensor(leaf, path):
         f"which is not convertible to a tensor ({e}). Return tensors, NumPy "
         f"arrays or Python numbers, in tuples, lists, dicts or namedtuples."
     ) from None
-
-
-def resolve_out_axes(out_axes, result, outputs):
-  specs = tree.broadcast_prefix(out_axes, result, spec_name="out_axes",
-                                root="output", is_spec_leaf=arguments.is_axis_spec)
-  paths = tree.leaf_paths(result, "output")
-  resolved = []
-  for spec, value, path in zip(specs, outputs, paths):
-    if value.shape.rank is None:
-      raise ValueError(
-          f"the mapped function returned {path} of unknown rank (from an op "
-          f"TensorFlow cannot infer shapes of, such as tf.py_function); a "
-          f"mapped function's outputs need static shapes: give it one with "
-          f"tf.ensure_shape(value, shape).")
-    if spec is None:
-      resolved.append(None)
-    else:
-      rank = value.shape.rank + 1
-      if not -rank <= spec < rank:
-        raise ValueError(
-            f"out_axes puts the mapped axis at {spec} of {path}, whose result "
-            f"has rank {rank} (per-device rank {rank - 1}, plus the mapped "
-            f"axis): the axis must be in [{-rank}, {rank}).")
-      resolved.append(spec % rank)
-  return resolved
 
 
 def _mark_invariant(value, k, frame, invariant, varying):

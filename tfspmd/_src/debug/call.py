@@ -20,6 +20,7 @@ import tensorflow as tf
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
+from tfspmd._src import out_axes as out_axes_lib
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
 from tfspmd._src import vectorize
@@ -66,7 +67,8 @@ def call(pmapped, args, kwargs):
   bound = _bind(pmapped, args, kwargs, parent)
   session = parent[-1].session if parent else session_lib.Session()
   chains = [parent + (session_lib.DebugFrame(
-      pmapped._axis_name, bound.size, k, session=session),)
+      pmapped._axis_name, bound.size, k, session=session,
+      run_collective=exchange.over_axes),)
             for k in range(bound.size)]
   run = functools.partial(_run, pmapped, chains, bound.axes, bound.rebuild)
   # The tape of this thread cannot see the devices' threads: the call is
@@ -115,7 +117,8 @@ def _run(pmapped, chains, axes, rebuild, values, watch_variables=False):
     out_paths = tree.leaf_paths(result, "output")
     outputs = [vectorize.output_tensor(leaf, path)
                for leaf, path in zip(out_leaves, out_paths)]
-    specs = vectorize.resolve_out_axes(pmapped._out_axes, result, outputs)
+    specs = out_axes_lib.resolve(pmapped._out_axes, result,
+                                 [o.shape.rank for o in outputs])
     return _DeviceResult(out_treedef, specs, outputs, out_paths, read)
 
   session = chains[0][-1].session
