@@ -76,6 +76,21 @@ class TraceState:
     """
     return dtensor.Layout(list(spec), mesh_lib.mesh_for_axes(*self.mesh_key()))
 
+  def result_splits(self, per_device, axis, mesh_dim):
+    """`{axis: mesh_dim}` of a mapped result, with its nested pmaps' splits.
+
+    Args:
+      per_device: The per-device value the mapped function returned.
+      axis: Where the result puts the mapped axis.
+      mesh_dim: The mesh dimension of that axis.
+    """
+    splits = {axis: mesh_dim}
+    found = self.output_splits.get(id(per_device))
+    if found is not None and found[0] is per_device:
+      for inner_axis, dim in found[1].items():
+        splits[inner_axis + (inner_axis >= axis)] = dim
+    return splits
+
   def slice_tracker(self, values, axes):
     """`on_slice` for a nested map of `values` along `axes`.
 

@@ -250,6 +250,57 @@ class ShardedArray:
     self._check_alive()
     return array_ops.unary(tf.transpose, self)
 
+  def reshape(self, *shape):
+    """The array with the axes after its mapped ones reshaped, on the devices.
+
+    Each device keeps its own block: the axes up to the last one split over
+    devices keep their sizes, and those after it take new ones (one may be
+    -1), as `numpy.reshape` of each block would.
+
+    Args:
+      *shape: The new shape, as ints or one tuple of ints.
+
+    Returns:
+      The reshaped `ShardedArray`, split as this one.
+
+    Raises:
+      ValueError: If `shape` changes a mapped axis or an axis before one, or
+        does not hold as many elements.
+
+    Example:
+      >>> import numpy as np, tfspmd
+      >>> out = tfspmd.pmap(lambda x: x * 2)(np.arange(16.).reshape(8, 2))
+      >>> out.reshape(8, 2, 1).shape
+      TensorShape([8, 2, 1])
+    """
+    self._check_alive()
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+      shape = tuple(shape[0])
+    split_axes = [a for a, dim in enumerate(self._placement.spec)
+                  if dim is not None]
+    kept = split_axes[-1] + 1 if split_axes else 0
+    current = self._shape.as_list()
+    if (len(shape) < kept or
+        any(isinstance(n, bool) or not isinstance(n, (int, np.integer))
+            for n in shape) or list(shape[:kept]) != current[:kept]):
+      raise ValueError(
+          f"ShardedArray.reshape{tuple(shape)}: an array of shape "
+          f"{tuple(current)} split over devices along axes {split_axes} "
+          f"keeps its first {kept} axes {tuple(current[:kept])}, so the new "
+          f"shape must be ints that start with them. To reshape across "
+          f"devices, fetch it first: np.asarray(x).reshape(...).")
+    global_shape = self._value.shape.as_list()
+    try:
+      return array_ops.unary(
+          lambda v: tf.reshape(v, global_shape[:kept] + list(shape[kept:])),
+          self)
+    except (tf.errors.InvalidArgumentError, ValueError):
+      raise ValueError(
+          f"ShardedArray.reshape{tuple(shape)}: cannot reshape the axes "
+          f"{tuple(current[kept:])} after the mapped ones to "
+          f"{tuple(shape[kept:])}; they must hold as many elements."
+      ) from None
+
   def sum(self, axis=None, dtype=None, out=None, keepdims=False):
     """The sum over `axis` (all axes by default), on the devices."""
     return self._reduce(tf.reduce_sum, axis, dtype, out, keepdims)
@@ -323,10 +374,23 @@ class ShardedArray:
     return str(self.numpy())
 
   def __repr__(self):
+    """Values and dtype as jax prints an array, then how it lies on devices."""
     if self._value is None:
       return f"ShardedArray(<deleted>, shape={self._shape.as_list()})"
     body = np.array2string(self.numpy(), separator=", ", prefix="ShardedArray(")
-    return f"ShardedArray({body}, dtype={self._dtype.name})"
+    return (f"ShardedArray({body}, dtype={self._dtype.name}, "
+            f"{self._placement_words()})")
+
+  def _placement_words(self):
+    """'axis 0 over 8 devices', or 'replicated on 8 devices'."""
+    dims, sizes, _ = self._placement.mesh_key
+    size_of = dict(zip(dims, sizes))
+    splits = [f"axis {axis} over {size_of[dim]} devices"
+              for axis, dim in enumerate(self._placement.spec)
+              if dim is not None]
+    if not splits:
+      return f"replicated on {len(self._placement.devices)} devices"
+    return ", ".join(splits)
 
 
 def _on(device, data):

@@ -16,6 +16,7 @@ from tfspmd._src import out_axes as out_axes_lib
 from tfspmd._src import stacking
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
+from tfspmd._src import variable_writes
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
@@ -82,6 +83,11 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       # pfor's own converters for these give what DTensor cannot expand.
       new_ops = graph.get_operations()[first_op:]
       control_flow.mark(new_ops)
+      # pfor drops a write nothing reads: find it before it goes unseen.
+      write = control_flow.find_operation(
+          new_ops, lambda op: variable_writes.writes_variable(op.type))
+      if write is not None:
+        raise variable_writes.write_error(write.type, axis_name)
       leaves, treedef = tree.flatten(result)
       outputs = [output_tensor(leaf, path) for leaf, path in zip(
           leaves, tree.leaf_paths(result, "output"))]
@@ -141,15 +147,8 @@ def _unvectorizable_error(op_type, input_name, axis_name):
         f"(`generator.make_seeds(n)`, a column per device, passed with "
         f"in_axes=1) and use tf.random.stateless_* ops with it inside "
         f"(docs/randomness.md).")
-  if "Assign" in op_type or op_type.startswith(("ResourceScatter",
-                                                "ResourceApply")):
-    return ValueError(
-        f"the function mapped over axis {axis_name!r} writes to a tf.Variable "
-        f"({op_type}); a mapped function cannot assign per-device values to "
-        f"one variable. Pass the state as an argument and return its new "
-        f"value, JAX-style (`state = f(state, x)`; `variable.assign(state)` "
-        f"outside the pmap if you keep it in a variable). Reading variables "
-        f"inside is fine: every device sees the same value.")
+  if variable_writes.writes_variable(op_type):
+    return variable_writes.write_error(op_type, axis_name)
   return ValueError(
       f"the function mapped over axis {axis_name!r} uses the op {op_type}, "
       f"which TensorFlow's vectorizer (pfor) cannot map over an axis. Compute "
