@@ -11,7 +11,7 @@ from tensorflow.experimental import dtensor
 
 import tfspmd
 from tfspmd._src import mesh as mesh_lib  # pylint: disable=protected-access
-from tfspmd._src import pmap as pmap_lib  # pylint: disable=protected-access
+from tfspmd._src import pmap_trace  # pylint: disable=protected-access
 
 
 def data_devices(count=None):
@@ -40,7 +40,7 @@ def placement(devices, rank, split):
   if split:
     spec[0] = dim
   mesh_key = ((dim,), (len(devices),), tuple(devices))
-  return pmap_lib._placement(mesh_key, tuple(spec))  # pylint: disable=protected-access
+  return pmap_trace.placement_for(mesh_key, tuple(spec))
 
 
 def pack(components, devices, split):
