@@ -780,6 +780,37 @@ def _():
 def _():
   P(lambda x: x)(np.zeros(2))[5]  # pylint: disable=expression-not-assigned
 
+
+@case("sharded-reshape-mapped-axis", STATE,
+      "reshape of a ShardedArray that merges its mapped axis", ValueError,
+      r"ShardedArray.reshape: an array of shape \(2, 4\) split over devices "
+      r"along axes \[0\] keeps its first 1 axes \(2,\), .*got \(8,\)")
+def _():
+  P(lambda x: x)(np.zeros((2, 4))).reshape(8)
+
+
+@case("config-unknown-setting", STATE,
+      "tfspmd.config.update('jax_enable_x64', False)", AttributeError,
+      r"tfspmd.config.update: no setting 'jax_enable_x64'; the settings are "
+      r"\['tfspmd_enable_x64'\]")
+def _():
+  tfspmd.config.update("jax_enable_x64", False)
+
+
+@case("config-not-bool", STATE, "tfspmd.config.update(name, 'no')",
+      TypeError, r"tfspmd_enable_x64 must be True or False, got str 'no'")
+def _():
+  tfspmd.config.update("tfspmd_enable_x64", "no")
+
+
+@case("variable-assign-debug", STATE,
+      "assigning to a tf.Variable inside a pmap in debug mode", ValueError,
+      r"writes to a tf.Variable \(AssignAddVariableOp\).*Pass the state")
+def _():
+  v = tf.Variable(0.)
+  P(lambda x: v.assign_add(tf.reduce_sum(x)), debug=True)(
+      np.zeros(2, np.float32))
+
 # --- shard_map ---------------------------------------------------------------
 
 

@@ -284,11 +284,11 @@ class ShardedArray:
         any(isinstance(n, bool) or not isinstance(n, (int, np.integer))
             for n in shape) or list(shape[:kept]) != current[:kept]):
       raise ValueError(
-          f"ShardedArray.reshape{tuple(shape)}: an array of shape "
-          f"{tuple(current)} split over devices along axes {split_axes} "
-          f"keeps its first {kept} axes {tuple(current[:kept])}, so the new "
-          f"shape must be ints that start with them. To reshape across "
-          f"devices, fetch it first: np.asarray(x).reshape(...).")
+          f"ShardedArray.reshape: an array of shape {tuple(current)} split "
+          f"over devices along axes {split_axes} keeps its first {kept} axes "
+          f"{tuple(current[:kept])}, so the new shape must be ints that start "
+          f"with them; got {tuple(shape)}. To reshape across devices, fetch "
+          f"it first: np.asarray(x).reshape(...).")
     global_shape = self._value.shape.as_list()
     try:
       return array_ops.unary(
@@ -296,7 +296,7 @@ class ShardedArray:
           self)
     except (tf.errors.InvalidArgumentError, ValueError):
       raise ValueError(
-          f"ShardedArray.reshape{tuple(shape)}: cannot reshape the axes "
+          f"ShardedArray.reshape to {tuple(shape)}: cannot reshape the axes "
           f"{tuple(current[kept:])} after the mapped ones to "
           f"{tuple(shape[kept:])}; they must hold as many elements."
       ) from None
