@@ -229,6 +229,15 @@ def checked_axis_name(axis_name, fun, transform):
     raise TypeError(
         f"{transform}: `axis_name` must be hashable, got {axis_name!r}."
     ) from None
+  if isinstance(axis_name, tuple):
+    # A collective reads a tuple as several axes: this one could not be named.
+    two_axes = ("give the mesh two axes" if transform == "Mesh" else
+                f"nest two {transform}s")
+    raise TypeError(
+        f"{transform}: `axis_name` is the tuple {axis_name!r}, but a "
+        f"collective reads a tuple as several axis names, so no collective "
+        f"could name this axis (jax.pmap refuses it too). Give one name, such "
+        f"as a string; for two axes, {two_axes} and name each.")
   return axis_name
 
 

@@ -130,6 +130,7 @@ def _trace(options, call, shapes, dtypes):
             carry_treedef=_carry_treedef(call.dynamic, options.steps),
             rebuild_args=rebuild, out_axes=options.out_axes,
             on_slice=on_slice)
+      _check_static_shapes(result)
       mesh_key = state.mesh_key()
       placements = []
       outputs = []
@@ -181,6 +182,18 @@ def _trace(options, call, shapes, dtypes):
           mesh_key[2], len(mesh_key[1]),
           devices_lib.process_count(), concrete.graph.as_graph_def()),
       mesh=mesh)
+
+
+def _check_static_shapes(result):
+  """Raises for an output whose size depends on the data (`tf.unique`)."""
+  for value, path in zip(result.values, result.paths):
+    if not value.shape.is_fully_defined():
+      raise ValueError(
+          f"the pmapped function returned {path} of shape {value.shape} (with "
+          f"the mapped axis), whose size depends on the data (from an op such "
+          f"as tf.unique, tf.boolean_mask or tf.where); DTensor lays out only "
+          f"static shapes. Return a fixed-size result: pad it to its largest "
+          f"size, with its length (or a mask) as another output.")
 
 
 def _relayout(value, layout):

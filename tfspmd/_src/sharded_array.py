@@ -113,7 +113,8 @@ class ShardedArray:
   @property
   def dtensor_value(self):
     """The underlying DTensor, for use with TensorFlow's DTensor API."""
-    self._check_alive()
+    if self._value is None:
+      self._check_alive()
     return self._value
 
   def devices(self):
@@ -156,12 +157,22 @@ class ShardedArray:
     self._host = None
 
   def _check_alive(self):
+    """Raises if the array was donated, or is used inside a trace."""
     if self._value is None:
       raise RuntimeError(
           f"This ShardedArray (shape {self._shape.as_list()}, {self._dtype.name}) "
           f"has been deleted: it was donated to a pmapped function through "
           f"`donate_argnums`, which frees it. Keep the function's result "
           f"instead, or do not donate an argument you use again.")
+    if not tf.executing_eagerly():
+      raise TypeError(
+          f"A ShardedArray (shape {self._shape.as_list()}, "
+          f"{self._dtype.name}) is used while a function is traced (a "
+          f"pmap's, a vmap's or a tf.function's), most likely captured by "
+          f"closure. It lives on the devices and enters a traced function "
+          f"only as an argument: pass it to the pmap (in_axes=None gives "
+          f"every device all of it, a mapped axis each device its block), or "
+          f"to your own tf.function as `x.dtensor_value`.")
 
   def numpy(self):
     """The array as a NumPy array (this process's part, with several)."""
@@ -184,6 +195,16 @@ class ShardedArray:
 
   def __tf_tensor__(self, dtype=None, name=None):
     return tf.convert_to_tensor(self.numpy(), dtype=dtype, name=name)
+
+  def __tf_tracing_type__(self, context):
+    """A tf.function given a ShardedArray gets its DTensor, as jax.jit would.
+
+    So `tf.function(lambda v: pmapped(v))(out)` runs on the devices, with no
+    trip through the host.
+    """
+    del context  # unused
+    self._check_alive()
+    return _ShardedArraySpec(self._value.shape, self._dtype)
 
   def __copy__(self):
     """A copy on the same devices, split the same way."""
@@ -391,6 +412,15 @@ class ShardedArray:
     if not splits:
       return f"replicated on {len(self._placement.devices)} devices"
     return ", ".join(splits)
+
+
+class _ShardedArraySpec(tf.TensorSpec):
+  """The trace type of a ShardedArray: a tensor of its global shape."""
+
+  def cast(self, value, casting_context):
+    if isinstance(value, ShardedArray):
+      value = value.dtensor_value
+    return super().cast(value, casting_context)
 
 
 def _on(device, data):

@@ -170,8 +170,8 @@ def _apply_out_axes(out_axes, values, carry_axes, first, size):
       out_axes, output, [value.shape.rank - is_mapped
                          for value, is_mapped in zip(leaves, mapped)])
   placed = []
-  for value, axis, is_mapped, path in zip(
-      leaves, resolved, mapped, tree.leaf_paths(output, "output")):
+  paths = tree.leaf_paths(output, "output")
+  for value, axis, is_mapped, path in zip(leaves, resolved, mapped, paths):
     if axis is None:
       if is_mapped:
         raise ValueError(
@@ -184,4 +184,5 @@ def _apply_out_axes(out_axes, values, carry_axes, first, size):
     else:
       placed.append(stacking.repeat_along_new_axis(value, axis, size))
   return vectorize.MappedResult(values=placed, out_axes=resolved,
-                                treedef=treedef, per_device=[None] * len(placed))
+                                treedef=treedef, per_device=[None] * len(placed),
+                                paths=paths)

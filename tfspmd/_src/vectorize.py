@@ -32,11 +32,13 @@ class MappedResult:
     treedef: The output tree.
     per_device: The per-device output tensors `fun` returned (before
       stacking), to look up what nested pmaps recorded about them.
+    paths: The pytree path of each output leaf, for messages.
   """
   values: list
   out_axes: list
   treedef: object
   per_device: list
+  paths: list
 
 
 def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
@@ -127,7 +129,8 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
     else:
       values.append(stacking.move_front_axis_to(stacked[k], spec))
   return MappedResult(values=values, out_axes=traced["specs"],
-                      treedef=traced["treedef"], per_device=traced["outputs"])
+                      treedef=traced["treedef"], per_device=traced["outputs"],
+                      paths=traced["paths"])
 
 
 def _unvectorizable_error(op_type, input_name, axis_name):
