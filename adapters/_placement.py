@@ -13,7 +13,7 @@ from tensorflow.experimental import dtensor
 import tfspmd
 from tfspmd._src import mesh as mesh_lib  # pylint: disable=protected-access
 from tfspmd._src import placement as placement_lib  # pylint: disable=protected-access
-from tfspmd._src import pmap as pmap_lib  # pylint: disable=protected-access
+from tfspmd._src import pmap_trace  # pylint: disable=protected-access
 
 
 def data_devices(count=None):
@@ -42,7 +42,7 @@ def placement(devices, rank, split):
   if split:
     spec[0] = dim
   mesh_key = ((dim,), (len(devices),), tuple(devices))
-  return pmap_lib._placement(mesh_key, tuple(spec))  # pylint: disable=protected-access
+  return pmap_trace.placement_for(mesh_key, tuple(spec))
 
 
 def pack(components, devices, split):

@@ -123,3 +123,74 @@ def test_copies_stay_on_the_devices_and_pickles_hold_the_values(x, out):
   loaded = pickle.loads(pickle.dumps({"out": out}))["out"]
   assert isinstance(loaded, np.ndarray)
   np.testing.assert_array_equal(loaded, x)
+
+
+def test_reshape_of_the_axes_after_the_mapped_one(x, out):
+  np.testing.assert_array_equal(
+      on_devices(out.reshape(8, 3, 1), ("axis_0", None, None)),
+      x.reshape(8, 3, 1))
+  np.testing.assert_array_equal(
+      on_devices(out.reshape((8, -1, 1, 1)), ("axis_0", None, None, None)),
+      x.reshape(8, 3, 1, 1))
+  wide = tfspmd.pmap(lambda v: v)(np.arange(48.).reshape(8, 6))
+  np.testing.assert_array_equal(on_devices(wide.reshape(8, 3, 2),
+                                           ("axis_0", None, None)),
+                                np.arange(48.).reshape(8, 3, 2))
+  for bad in [(24,), (4, 6), (-1, 3), (8, 4), (8.0, 3)]:
+    with pytest.raises(ValueError, match=r"ShardedArray.reshape"):
+      out.reshape(*bad)
+
+
+def test_reshape_of_a_result_mapped_along_axis_1():
+  out = tfspmd.pmap(lambda v: v, out_axes=1)(np.arange(24.).reshape(4, 3, 2))
+  expected = np.moveaxis(np.arange(24.).reshape(4, 3, 2), 0, 1)
+  np.testing.assert_array_equal(
+      on_devices(out.reshape(3, 4, 2, 1), (None, "axis_0", None, None)),
+      expected.reshape(3, 4, 2, 1))
+  with pytest.raises(ValueError, match=r"keeps its first 2 axes \(3, 4\)"):
+    out.reshape(12, 2)
+
+
+def test_repr_shows_values_dtype_and_how_the_array_lies():
+  out = tfspmd.pmap(lambda v: v * 2)(np.arange(4, dtype=np.int32))
+  assert repr(out) == ("ShardedArray([0, 2, 4, 6], dtype=int32, axis 0 over 4 "
+                       "devices)")
+  total = tfspmd.pmap(lambda v: lax.psum(v, "i"), "i", out_axes=None)(
+      np.ones(8, np.float32))
+  assert repr(total) == "ShardedArray(8., dtype=float32, replicated on 8 devices)"
+  inner = tfspmd.pmap(lambda v: v, axis_name="c")
+  nested = tfspmd.pmap(inner, axis_name="r")(np.zeros((2, 4), np.float32))
+  assert repr(nested).endswith(
+      "dtype=float32, axis 0 over 2 devices, axis 1 over 4 devices)")
+
+
+@pytest.fixture(name="without_x64")
+def fixture_without_x64():
+  tfspmd.config.update("tfspmd_enable_x64", False)
+  yield
+  tfspmd.config.update("tfspmd_enable_x64", True)
+
+
+def test_float64_numpy_inputs_arrive_as_float32_without_x64(without_x64):
+  del without_x64  # unused
+  w = tf.constant([0.5, 0.25])  # float32 parameters, as Keras makes them
+  batch = np.arange(8.).reshape(4, 2)  # float64, as NumPy makes it
+  out = tfspmd.pmap(lambda p, v: v * p, in_axes=(None, 0))(w, batch)
+  assert out.dtype == tf.float32
+  np.testing.assert_array_equal(out, (batch * [0.5, 0.25]).astype(np.float32))
+  assert tfspmd.vmap(lambda v: v)(np.ones(3)).dtype == tf.float32
+  assert tfspmd.pmap(lambda v: v)(np.ones(2, np.complex128)).dtype == tf.complex64
+  assert (out + np.ones(2)).dtype == tf.float32
+  # Integers keep their width (no wrapping of large values), tensors their dtype.
+  big = np.array([2**40, 1], np.int64)
+  np.testing.assert_array_equal(tfspmd.pmap(lambda v: v)(big), big)
+  assert tfspmd.pmap(lambda v: v)(tf.ones(2, tf.float64)).dtype == tf.float64
+
+
+def test_float64_stays_by_default_and_config_checks_its_input():
+  assert tfspmd.pmap(lambda v: v)(np.ones(2)).dtype == tf.float64
+  assert tfspmd.config.tfspmd_enable_x64 is True
+  with pytest.raises(AttributeError, match="no setting 'jax_enable_x64'"):
+    tfspmd.config.update("jax_enable_x64", False)
+  with pytest.raises(TypeError, match="must be True or False, got int 0"):
+    tfspmd.config.update("tfspmd_enable_x64", 0)

@@ -402,6 +402,24 @@ def _():
 def _():
   P(lambda c, x: (c + x, c), steps=2)(np.zeros(2), np.zeros((2, 2, 2)))
 
+
+@case("output-data-dependent-size", OUTPUTS,
+      "an output whose size depends on the data (tf.unique)", ValueError,
+      r"returned output of shape \(2, None\) \(with the mapped axis\), whose "
+      r"size depends on the data .* pad it to its largest size")
+def _():
+  P(lambda x, w: tf.unique(w)[0] + x[0], in_axes=(0, None))(
+      np.zeros((2, 3)), np.array([1., 1., 2.]))
+
+
+@case("sharded-array-captured", OUTPUTS,
+      "a ShardedArray captured by closure inside the mapped function",
+      TypeError, r"A ShardedArray \(shape \[2\], float64\) is used while a "
+      r"function is traced .* pass it to the pmap \(in_axes=None")
+def _():
+  earlier = P(lambda x: x)(np.zeros(2))
+  P(lambda x: x + earlier)(np.zeros(2))
+
 # --- devices and backends --------------------------------------------------
 
 
@@ -465,6 +483,13 @@ def _():
   P(lambda x: x, backend="tpu")(np.zeros(2))
 
 # --- axis names --------------------------------------------------------------------
+
+
+@case("axis-name-tuple", NAMES, "pmap(f, axis_name=('a', 'b'))", TypeError,
+      r"pmap: `axis_name` is the tuple \('a', 'b'\), but a collective reads a "
+      r"tuple as several axis names.*nest two pmaps")
+def _():
+  P(lambda x: x, axis_name=("a", "b"))
 
 
 @case("axis-name-unhashable", NAMES, "axis_name=['i']", TypeError,
@@ -782,6 +807,37 @@ def _():
 def _():
   P(lambda x: x)(np.zeros(2))[5]  # pylint: disable=expression-not-assigned
 
+
+@case("sharded-reshape-mapped-axis", STATE,
+      "reshape of a ShardedArray that merges its mapped axis", ValueError,
+      r"ShardedArray.reshape: an array of shape \(2, 4\) split over devices "
+      r"along axes \[0\] keeps its first 1 axes \(2,\), .*got \(8,\)")
+def _():
+  P(lambda x: x)(np.zeros((2, 4))).reshape(8)
+
+
+@case("config-unknown-setting", STATE,
+      "tfspmd.config.update('jax_enable_x64', False)", AttributeError,
+      r"tfspmd.config.update: no setting 'jax_enable_x64'; the settings are "
+      r"\['tfspmd_enable_x64'\]")
+def _():
+  tfspmd.config.update("jax_enable_x64", False)
+
+
+@case("config-not-bool", STATE, "tfspmd.config.update(name, 'no')",
+      TypeError, r"tfspmd_enable_x64 must be True or False, got str 'no'")
+def _():
+  tfspmd.config.update("tfspmd_enable_x64", "no")
+
+
+@case("variable-assign-debug", STATE,
+      "assigning to a tf.Variable inside a pmap in debug mode", ValueError,
+      r"writes to a tf.Variable \(AssignAddVariableOp\).*Pass the state")
+def _():
+  v = tf.Variable(0.)
+  P(lambda x: v.assign_add(tf.reduce_sum(x)), debug=True)(
+      np.zeros(2, np.float32))
+
 # --- shard_map ---------------------------------------------------------------
 
 
@@ -1068,6 +1124,12 @@ PLACEHOLDERS = [
     (PROCESSES, "initialize() twice", "RuntimeError: tfspmd.distributed."
      "initialize() was already called in this process (process 1 of 2); call "
      "it once."),
+    (OUTPUTS, "a plain tensor passed to your tf.function that calls a pmap",
+     "TensorFlow's InvalidArgumentError \"No OpKernel was registered to "
+     "support Op 'Relayout'\" when the tf.function runs: it traces a tensor "
+     "and a DTensor alike, so tfspmd cannot tell them apart while tracing. "
+     "Pass the pmap's result (a ShardedArray) or its `.dtensor_value` "
+     "(README, inside your own tf.function)"),
     (PROCESSES, "DTENSOR_JOBS names several processes but initialize() was "
      "not called", "RuntimeError at the first device query: DTENSOR_JOBS "
      "names 2 processes, but the multi-process runtime was not started: call "

@@ -8,6 +8,7 @@ pmap call inside becomes one call op of the user's graph.
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.experimental import dtensor
 
 import tfspmd
 from tfspmd import lax
@@ -61,3 +62,30 @@ def test_dynamic_shapes_are_a_clear_error():
                   input_signature=[tf.TensorSpec([None], tf.float32)])
   with pytest.raises(ValueError, match="needs static shapes"):
     g.get_concrete_function()
+
+
+def test_a_sharded_array_given_to_a_users_function_stays_on_the_devices():
+  double = tfspmd.pmap(lambda v: v * 2.)
+  out = tfspmd.pmap(lambda v: v + 0.)(np.arange(8, dtype=np.float32))
+  traces = []
+
+  @tf.function
+  def twice(v):
+    traces.append(v.shape)
+    return double(double(v))
+
+  result = twice(out)
+  assert dtensor.is_dtensor(result)
+  np.testing.assert_array_equal(dtensor.unpack(result)[3], [12.])
+  np.testing.assert_array_equal(double(result), np.arange(8) * 8.)
+  twice(out)
+  assert traces == [tf.TensorShape([8])]
+
+
+def test_pmaps_over_two_device_counts_in_one_function():
+  double = tfspmd.pmap(lambda v: v * 2.)
+  eight = tfspmd.pmap(lambda v: v + 0.)(np.arange(8, dtype=np.float32))
+  four = tfspmd.pmap(lambda v: v + 0.)(np.arange(4, dtype=np.float32))
+  first, second = tf.function(lambda a, b: (double(a), double(b)))(eight, four)
+  np.testing.assert_array_equal(double(first), np.arange(8) * 4.)
+  np.testing.assert_array_equal(double(second), np.arange(4) * 4.)

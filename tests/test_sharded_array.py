@@ -79,7 +79,7 @@ def test_block_until_ready_returns_the_array(out):
 def test_printing(out):
   assert str(tfspmd.pmap(lambda x: x)(np.arange(3, dtype=np.int32))) == "[0 1 2]"
   assert repr(tfspmd.pmap(lambda x: x)(np.arange(3, dtype=np.int32))) == (
-      "ShardedArray([0, 1, 2], dtype=int32)")
+      "ShardedArray([0, 1, 2], dtype=int32, axis 0 over 3 devices)")
   assert "ShardedArray(" in repr(out)
 
 

@@ -65,7 +65,7 @@ def test_vmap_and_leaf_axes_caches_are_bounded(cache_size_3):
     g([np.zeros(2)] * count)
     f([np.zeros(8, np.float32)] * count)
   assert len(g._functions) == 3  # pylint: disable=protected-access
-  assert len(f._args._leaf_axes) == 3  # pylint: disable=protected-access
+  assert len(f._options.args._leaf_axes) == 3  # pylint: disable=protected-access
 
 
 def test_lru_cache_keeps_maxsize_under_concurrent_use():

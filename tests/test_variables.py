@@ -27,6 +27,60 @@ def test_assigning_a_variable_inside_says_to_pass_the_state():
   np.testing.assert_array_equal(total.numpy(), [0., 0.])
 
 
+WRITE_MESSAGE = (r"the function mapped over axis 'i' writes to a tf.Variable "
+                 r"\(AssignAddVariableOp\); a mapped function cannot assign "
+                 r"per-device values to one variable")
+
+
+def test_a_write_whose_result_nothing_reads_is_refused_too():
+  # pfor vectorizes only what the outputs need: this write would vanish.
+  total = tf.Variable(0.)
+  with pytest.raises(ValueError, match=WRITE_MESSAGE):
+    tfspmd.pmap(lambda x: (total.assign_add(tf.reduce_sum(x)), x)[1],
+                "i")(np.ones((4, 2), np.float32))
+  assert total.numpy() == 0.
+
+
+def test_a_write_inside_a_loop_body_is_refused():
+  total = tf.Variable(0.)
+
+  def f(x):
+    def body(k, acc):
+      total.assign_add(1.)
+      return k + 1, acc + x
+    return tf.while_loop(lambda k, _: k < 3, body, (0, x))[1]
+
+  with pytest.raises(ValueError, match=WRITE_MESSAGE):
+    tfspmd.pmap(f, "i")(np.ones(4, np.float32))
+  assert total.numpy() == 0.
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["compiled", "debug"])
+def test_debug_mode_refuses_a_write_with_the_compiled_message(debug):
+  total = tf.Variable(0.)
+
+  def f(x):
+    total.assign_add(tf.reduce_sum(x))
+    return x
+
+  with pytest.raises(ValueError, match=WRITE_MESSAGE):
+    tfspmd.pmap(f, "i", debug=debug)(np.ones((4, 2), np.float32))
+
+
+def test_debug_mode_lets_a_layer_create_and_initialize_its_weights():
+  scale = []
+
+  def f(x):
+    # Creating a variable assigns its initial value: not a write to refuse.
+    if not scale:
+      scale.append(tf.Variable(tf.fill([2], 3.)))
+    return x * scale[0]
+
+  x = np.arange(8, dtype=np.float32).reshape(4, 2)
+  out = tfspmd.pmap(f, "i", debug=True)(x[:1])
+  np.testing.assert_array_equal(out, x[:1] * 3.)
+
+
 def test_state_passed_as_an_argument_and_returned():
   total = tf.Variable(np.zeros((4, 2), np.float32))
   x = np.arange(8, dtype=np.float32).reshape(4, 2)

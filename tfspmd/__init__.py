@@ -18,6 +18,7 @@ _devices.configure_from_environment()
 # pylint: disable=g-import-not-at-top,useless-import-alias
 from tfspmd import distributed as distributed
 from tfspmd import lax as lax
+from tfspmd._src.config import config as config
 from tfspmd._src.debug.mode import debug_mode as debug_mode
 from tfspmd._src.devices import Device as Device
 from tfspmd._src.devices import device_count as device_count
@@ -46,6 +47,7 @@ __all__ = [
     "PartitionSpec",
     "Shard",
     "ShardedArray",
+    "config",
     "debug_mode",
     "device_count",
     "devices",

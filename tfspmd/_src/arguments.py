@@ -3,6 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
+from tfspmd._src.config import config
 from tfspmd._src.sharded_array import ShardedArray
 
 # Python numbers become these dtypes, as `tf.constant` would make them.
@@ -64,11 +65,11 @@ def to_array_leaf(leaf, path):
   if isinstance(leaf, (ShardedArray, tf.Tensor)):
     value = leaf
   elif isinstance(leaf, np.ndarray):
-    value = leaf
+    value = config.narrowed(leaf)
   elif isinstance(leaf, tf.Variable):
     value = leaf.value()
   elif isinstance(leaf, np.generic):
-    value = np.asarray(leaf)
+    value = config.narrowed(np.asarray(leaf))
   else:
     # Only these Python numbers have a TensorFlow dtype (not a Fraction).
     dtype = next((dtype for python_type, dtype in _PYTHON_DTYPES
@@ -120,3 +121,14 @@ def _python_number(value, dtype, path):
 def _short_repr(value):
   text = repr(value)
   return text if len(text) <= 60 else text[:57] + "..."
+
+
+def traced_tensor(leaf, path):
+  """An argument leaf of a pmap called inside a trace, as a tensor."""
+  if isinstance(leaf, ShardedArray):
+    raise TypeError(
+        f"nested pmap argument {path} is a ShardedArray from outside the "
+        f"enclosing pmap; pass it to the outer pmap instead.")
+  if isinstance(leaf, tf.Tensor):
+    return leaf
+  return tf.convert_to_tensor(to_array_leaf(leaf, path))

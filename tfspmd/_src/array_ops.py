@@ -16,6 +16,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src import placement as placement_lib
+from tfspmd._src.config import config
 
 
 def _operand(value, like):
@@ -37,6 +38,8 @@ def _operand(value, like):
     # `tensor + 1`. Only a Python number: a dtype hint would truncate a NumPy
     # array of floats to an integer array's dtype without a word.
     tensor = tf.convert_to_tensor(value, dtype_hint=like.dtype)
+  elif isinstance(value, (np.ndarray, np.generic)):
+    tensor = tf.convert_to_tensor(config.narrowed(np.asarray(value)))
   else:
     tensor = tf.convert_to_tensor(value)
   return placement_lib.replicated(tensor, like.placement.mesh)

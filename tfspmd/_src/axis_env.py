@@ -28,11 +28,16 @@ class Frame:
     size: The number of positions along the axis.
     index: The pfor loop variable of this axis (a scalar int32 tensor).
     mesh_dim: The DTensor mesh dimension of a pmap axis; None for vmap.
+    run_collective: For an axis whose devices run as threads rather than
+      positions of a pfor loop (debug mode): `run_collective(value, targets,
+      step, function)` meets the other devices and returns this device's
+      result of a collective over `targets`. None where pfor converts it.
   """
   name: object
   size: int
   index: object
   mesh_dim: str = None
+  run_collective: object = None
 
 
 @dataclasses.dataclass
@@ -70,6 +75,21 @@ class TraceState:
     so the axes registered by then are all of the program's.
     """
     return dtensor.Layout(list(spec), mesh_lib.mesh_for_axes(*self.mesh_key()))
+
+  def result_splits(self, per_device, axis, mesh_dim):
+    """`{axis: mesh_dim}` of a mapped result, with its nested pmaps' splits.
+
+    Args:
+      per_device: The per-device value the mapped function returned.
+      axis: Where the result puts the mapped axis.
+      mesh_dim: The mesh dimension of that axis.
+    """
+    splits = {axis: mesh_dim}
+    found = self.output_splits.get(id(per_device))
+    if found is not None and found[0] is per_device:
+      for inner_axis, dim in found[1].items():
+        splits[inner_axis + (inner_axis >= axis)] = dim
+    return splits
 
   def slice_tracker(self, values, axes):
     """`on_slice` for a nested map of `values` along `axes`.
@@ -209,6 +229,15 @@ def checked_axis_name(axis_name, fun, transform):
     raise TypeError(
         f"{transform}: `axis_name` must be hashable, got {axis_name!r}."
     ) from None
+  if isinstance(axis_name, tuple):
+    # A collective reads a tuple as several axes: this one could not be named.
+    two_axes = ("give the mesh two axes" if transform == "Mesh" else
+                f"nest two {transform}s")
+    raise TypeError(
+        f"{transform}: `axis_name` is the tuple {axis_name!r}, but a "
+        f"collective reads a tuple as several axis names, so no collective "
+        f"could name this axis (jax.pmap refuses it too). Give one name, such "
+        f"as a string; for two axes, {two_axes} and name each.")
   return axis_name
 
 

@@ -79,17 +79,28 @@ def _called_graphs(operation):
   return [tf_internal.function_graph(operation, "f")]
 
 
+def find_operation(operations, predicate):
+  """The first of `operations`, or of the ops of functions they call, that
+  satisfies `predicate`; None if there is none."""
+  for operation in operations:
+    if predicate(operation):
+      return operation
+    if operation.type in _CONVERTERS:
+      for graph in _called_graphs(operation):
+        found = find_operation(graph.get_operations(), predicate)
+        if found is not None:
+          return found
+  return None
+
+
 def _collectives_in(graphs):
   """The name of the first collective in `graphs` (or called from them)."""
   for graph in graphs:
-    for operation in graph.get_operations():
-      name = getattr(operation, COLLECTIVE_ATTRIBUTE, None)
-      if name is not None:
-        return name
-      if operation.type in _CONVERTERS:
-        found = _collectives_in(_called_graphs(operation))
-        if found is not None:
-          return found
+    found = find_operation(
+        graph.get_operations(),
+        lambda op: getattr(op, COLLECTIVE_ATTRIBUTE, None) is not None)
+    if found is not None:
+      return getattr(found, COLLECTIVE_ATTRIBUTE)
   return None
 
 

@@ -113,7 +113,8 @@ class ShardedArray:
   @property
   def dtensor_value(self):
     """The underlying DTensor, for use with TensorFlow's DTensor API."""
-    self._check_alive()
+    if self._value is None:
+      self._check_alive()
     return self._value
 
   def devices(self):
@@ -156,12 +157,22 @@ class ShardedArray:
     self._host = None
 
   def _check_alive(self):
+    """Raises if the array was donated, or is used inside a trace."""
     if self._value is None:
       raise RuntimeError(
           f"This ShardedArray (shape {self._shape.as_list()}, {self._dtype.name}) "
           f"has been deleted: it was donated to a pmapped function through "
           f"`donate_argnums`, which frees it. Keep the function's result "
           f"instead, or do not donate an argument you use again.")
+    if not tf.executing_eagerly():
+      raise TypeError(
+          f"A ShardedArray (shape {self._shape.as_list()}, "
+          f"{self._dtype.name}) is used while a function is traced (a "
+          f"pmap's, a vmap's or a tf.function's), most likely captured by "
+          f"closure. It lives on the devices and enters a traced function "
+          f"only as an argument: pass it to the pmap (in_axes=None gives "
+          f"every device all of it, a mapped axis each device its block), or "
+          f"to your own tf.function as `x.dtensor_value`.")
 
   def numpy(self):
     """The array as a NumPy array (this process's part, with several)."""
@@ -184,6 +195,16 @@ class ShardedArray:
 
   def __tf_tensor__(self, dtype=None, name=None):
     return tf.convert_to_tensor(self.numpy(), dtype=dtype, name=name)
+
+  def __tf_tracing_type__(self, context):
+    """A tf.function given a ShardedArray gets its DTensor, as jax.jit would.
+
+    So `tf.function(lambda v: pmapped(v))(out)` runs on the devices, with no
+    trip through the host.
+    """
+    del context  # unused
+    self._check_alive()
+    return _ShardedArraySpec(self._value.shape, self._dtype)
 
   def __copy__(self):
     """A copy on the same devices, split the same way."""
@@ -249,6 +270,57 @@ class ShardedArray:
     """The array with its axes reversed, on the devices."""
     self._check_alive()
     return array_ops.unary(tf.transpose, self)
+
+  def reshape(self, *shape):
+    """The array with the axes after its mapped ones reshaped, on the devices.
+
+    Each device keeps its own block: the axes up to the last one split over
+    devices keep their sizes, and those after it take new ones (one may be
+    -1), as `numpy.reshape` of each block would.
+
+    Args:
+      *shape: The new shape, as ints or one tuple of ints.
+
+    Returns:
+      The reshaped `ShardedArray`, split as this one.
+
+    Raises:
+      ValueError: If `shape` changes a mapped axis or an axis before one, or
+        does not hold as many elements.
+
+    Example:
+      >>> import numpy as np, tfspmd
+      >>> out = tfspmd.pmap(lambda x: x * 2)(np.arange(16.).reshape(8, 2))
+      >>> out.reshape(8, 2, 1).shape
+      TensorShape([8, 2, 1])
+    """
+    self._check_alive()
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+      shape = tuple(shape[0])
+    split_axes = [a for a, dim in enumerate(self._placement.spec)
+                  if dim is not None]
+    kept = split_axes[-1] + 1 if split_axes else 0
+    current = self._shape.as_list()
+    if (len(shape) < kept or
+        any(isinstance(n, bool) or not isinstance(n, (int, np.integer))
+            for n in shape) or list(shape[:kept]) != current[:kept]):
+      raise ValueError(
+          f"ShardedArray.reshape: an array of shape {tuple(current)} split "
+          f"over devices along axes {split_axes} keeps its first {kept} axes "
+          f"{tuple(current[:kept])}, so the new shape must be ints that start "
+          f"with them; got {tuple(shape)}. To reshape across devices, fetch "
+          f"it first: np.asarray(x).reshape(...).")
+    global_shape = self._value.shape.as_list()
+    try:
+      return array_ops.unary(
+          lambda v: tf.reshape(v, global_shape[:kept] + list(shape[kept:])),
+          self)
+    except (tf.errors.InvalidArgumentError, ValueError):
+      raise ValueError(
+          f"ShardedArray.reshape to {tuple(shape)}: cannot reshape the axes "
+          f"{tuple(current[kept:])} after the mapped ones to "
+          f"{tuple(shape[kept:])}; they must hold as many elements."
+      ) from None
 
   def sum(self, axis=None, dtype=None, out=None, keepdims=False):
     """The sum over `axis` (all axes by default), on the devices."""
@@ -323,10 +395,32 @@ class ShardedArray:
     return str(self.numpy())
 
   def __repr__(self):
+    """Values and dtype as jax prints an array, then how it lies on devices."""
     if self._value is None:
       return f"ShardedArray(<deleted>, shape={self._shape.as_list()})"
     body = np.array2string(self.numpy(), separator=", ", prefix="ShardedArray(")
-    return f"ShardedArray({body}, dtype={self._dtype.name})"
+    return (f"ShardedArray({body}, dtype={self._dtype.name}, "
+            f"{self._placement_words()})")
+
+  def _placement_words(self):
+    """'axis 0 over 8 devices', or 'replicated on 8 devices'."""
+    dims, sizes, _ = self._placement.mesh_key
+    size_of = dict(zip(dims, sizes))
+    splits = [f"axis {axis} over {size_of[dim]} devices"
+              for axis, dim in enumerate(self._placement.spec)
+              if dim is not None]
+    if not splits:
+      return f"replicated on {len(self._placement.devices)} devices"
+    return ", ".join(splits)
+
+
+class _ShardedArraySpec(tf.TensorSpec):
+  """The trace type of a ShardedArray: a tensor of its global shape."""
+
+  def cast(self, value, casting_context):
+    if isinstance(value, ShardedArray):
+      value = value.dtensor_value
+    return super().cast(value, casting_context)
 
 
 def _on(device, data):

@@ -11,8 +11,8 @@ per-device axis.
 
 import tensorflow as tf
 
-from tfspmd._src import arguments
 from tfspmd._src import axis_env
+from tfspmd._src import out_axes as out_axes_lib
 from tfspmd._src import stacking
 from tfspmd._src import tree
 from tfspmd._src import vectorize
@@ -155,30 +155,34 @@ def _write(buffer, value, t, steps):
 
 
 def _apply_out_axes(out_axes, values, carry_axes, first, size):
-  """Puts the mapped axis of each output where `out_axes` says."""
+  """Puts the mapped axis of each output where `out_axes` says.
+
+  `values` are the carry's leaves, then the stacked per-step outputs; a
+  carry leaf passed with in_axes=None (None in `carry_axes`) has no mapped
+  axis yet.
+  """
   carry_tree, ys_tree = first.treedef.unflatten(values)
   output = (carry_tree, ys_tree)
-  specs = tree.broadcast_prefix(out_axes, output, spec_name="out_axes",
-                                root="output", is_spec_leaf=arguments.is_axis_spec)
   leaves, treedef = tree.flatten(output)
-  placed, resolved = [], []
-  for k, (value, spec, path) in enumerate(zip(
-      leaves, specs, tree.leaf_paths(output, "output"))):
-    mapped = k >= len(carry_axes) or carry_axes[k] is not None
-    if spec is None:
-      if mapped:
+  mapped = [k >= len(carry_axes) or carry_axes[k] is not None
+            for k in range(len(leaves))]
+  resolved = out_axes_lib.resolve(
+      out_axes, output, [value.shape.rank - is_mapped
+                         for value, is_mapped in zip(leaves, mapped)])
+  placed = []
+  paths = tree.leaf_paths(output, "output")
+  for value, axis, is_mapped, path in zip(leaves, resolved, mapped, paths):
+    if axis is None:
+      if is_mapped:
         raise ValueError(
             f"out_axes=None for {path}, but with steps only a carry leaf "
             f"passed with in_axes=None (and kept the same on every device) "
             f"can come back unmapped.")
       placed.append(value)
-      resolved.append(None)
-      continue
-    rank = value.shape.rank + (0 if mapped else 1)
-    axis = arguments.normalize_axis(spec, rank, spec_name="out_axes",
-                                    path=path, what="output")
-    placed.append(stacking.move_front_axis_to(value, axis) if mapped else
-                  stacking.repeat_along_new_axis(value, axis, size))
-    resolved.append(axis)
+    elif is_mapped:
+      placed.append(stacking.move_front_axis_to(value, axis))
+    else:
+      placed.append(stacking.repeat_along_new_axis(value, axis, size))
   return vectorize.MappedResult(values=placed, out_axes=resolved,
-                                treedef=treedef, per_device=[None] * len(placed))
+                                treedef=treedef, per_device=[None] * len(placed),
+                                paths=paths)

@@ -8,6 +8,7 @@ are imported only here and checked once, at import, against the versions the
 test suite runs on.
 """
 
+import contextlib
 import re
 
 import tensorflow as tf
@@ -19,6 +20,7 @@ try:
   from tensorflow.python.eager import context as _context
   from tensorflow.python.eager import record as _record
   from tensorflow.python.framework import func_graph as _func_graph
+  from tensorflow.python.framework import op_callbacks as _op_callbacks
   from tensorflow.python.ops import while_v2 as _while_v2
   from tensorflow.python.ops.parallel_for import pfor as _pfor
 except ImportError as e:  # pragma: no cover - depends on the installed TF.
@@ -168,6 +170,20 @@ def tape_may_record(tensors):
   """True if an active GradientTape records operations on `tensors`."""
   return _record.could_possibly_record() and bool(
       _record.should_record_backprop(tensors))
+
+
+@contextlib.contextmanager
+def op_callback(callback):
+  """Calls `callback(op_type, ...)` for each op this thread runs or traces.
+
+  Eager ops are reported after they ran; raising from `callback` stops the
+  program there.
+  """
+  _op_callbacks.add_op_callback(callback)
+  try:
+    yield
+  finally:
+    _op_callbacks.remove_op_callback(callback)
 
 
 def tape_active():

@@ -10,12 +10,13 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfspmd._src import arguments
 from tfspmd._src import axis_env
 from tfspmd._src import control_flow
+from tfspmd._src import out_axes as out_axes_lib
 from tfspmd._src import stacking
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
+from tfspmd._src import variable_writes
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
@@ -31,11 +32,13 @@ class MappedResult:
     treedef: The output tree.
     per_device: The per-device output tensors `fun` returned (before
       stacking), to look up what nested pmaps recorded about them.
+    paths: The pytree path of each output leaf, for messages.
   """
   values: list
   out_axes: list
   treedef: object
   per_device: list
+  paths: list
 
 
 def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
@@ -82,10 +85,16 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       # pfor's own converters for these give what DTensor cannot expand.
       new_ops = graph.get_operations()[first_op:]
       control_flow.mark(new_ops)
+      # pfor drops a write nothing reads: find it before it goes unseen.
+      write = control_flow.find_operation(
+          new_ops, lambda op: variable_writes.writes_variable(op.type))
+      if write is not None:
+        raise variable_writes.write_error(write.type, axis_name)
       leaves, treedef = tree.flatten(result)
       outputs = [output_tensor(leaf, path) for leaf, path in zip(
           leaves, tree.leaf_paths(result, "output"))]
-      specs = resolve_out_axes(out_axes, result, outputs)
+      specs = out_axes_lib.resolve(out_axes, result,
+                                   [o.shape.rank for o in outputs])
       traced.update(treedef=treedef, specs=specs, outputs=outputs,
                     paths=tree.leaf_paths(result, "output"))
       return [_mark_invariant(value, k, frame, invariant, varying)
@@ -120,7 +129,8 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
     else:
       values.append(stacking.move_front_axis_to(stacked[k], spec))
   return MappedResult(values=values, out_axes=traced["specs"],
-                      treedef=traced["treedef"], per_device=traced["outputs"])
+                      treedef=traced["treedef"], per_device=traced["outputs"],
+                      paths=traced["paths"])
 
 
 def _unvectorizable_error(op_type, input_name, axis_name):
@@ -140,15 +150,8 @@ def _unvectorizable_error(op_type, input_name, axis_name):
         f"(`generator.make_seeds(n)`, a column per device, passed with "
         f"in_axes=1) and use tf.random.stateless_* ops with it inside "
         f"(docs/randomness.md).")
-  if "Assign" in op_type or op_type.startswith(("ResourceScatter",
-                                                "ResourceApply")):
-    return ValueError(
-        f"the function mapped over axis {axis_name!r} writes to a tf.Variable "
-        f"({op_type}); a mapped function cannot assign per-device values to "
-        f"one variable. Pass the state as an argument and return its new "
-        f"value, JAX-style (`state = f(state, x)`; `variable.assign(state)` "
-        f"outside the pmap if you keep it in a variable). Reading variables "
-        f"inside is fine: every device sees the same value.")
+  if variable_writes.writes_variable(op_type):
+    return variable_writes.write_error(op_type, axis_name)
   return ValueError(
       f"the function mapped over axis {axis_name!r} uses the op {op_type}, "
       f"which TensorFlow's vectorizer (pfor) cannot map over an axis. Compute "
@@ -165,31 +168,6 @@ def output_tensor(leaf, path):
         f"which is not convertible to a tensor ({e}). Return tensors, NumPy "
         f"arrays or Python numbers, in tuples, lists, dicts or namedtuples."
     ) from None
-
-
-def resolve_out_axes(out_axes, result, outputs):
-  specs = tree.broadcast_prefix(out_axes, result, spec_name="out_axes",
-                                root="output", is_spec_leaf=arguments.is_axis_spec)
-  paths = tree.leaf_paths(result, "output")
-  resolved = []
-  for spec, value, path in zip(specs, outputs, paths):
-    if value.shape.rank is None:
-      raise ValueError(
-          f"the mapped function returned {path} of unknown rank (from an op "
-          f"TensorFlow cannot infer shapes of, such as tf.py_function); a "
-          f"mapped function's outputs need static shapes: give it one with "
-          f"tf.ensure_shape(value, shape).")
-    if spec is None:
-      resolved.append(None)
-    else:
-      rank = value.shape.rank + 1
-      if not -rank <= spec < rank:
-        raise ValueError(
-            f"out_axes puts the mapped axis at {spec} of {path}, whose result "
-            f"has rank {rank} (per-device rank {rank - 1}, plus the mapped "
-            f"axis): the axis must be in [{-rank}, {rank}).")
-      resolved.append(spec % rank)
-  return resolved
 
 
 def _mark_invariant(value, k, frame, invariant, varying):

@@ -8,6 +8,7 @@ or around pmaps.
 
 import functools
 
+import numpy as np
 import tensorflow as tf
 
 from tfspmd._src import arguments
@@ -16,6 +17,7 @@ from tfspmd._src import lru
 from tfspmd._src import mapped_args
 from tfspmd._src import tree
 from tfspmd._src import vectorize
+from tfspmd._src.config import config
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
@@ -80,7 +82,11 @@ class VmappedFunction:
 
 
 def _to_tensor(leaf):
-  return leaf if isinstance(leaf, tf.Tensor) else tf.convert_to_tensor(leaf)
+  if isinstance(leaf, tf.Tensor):
+    return leaf
+  if isinstance(leaf, (np.ndarray, np.generic)):
+    leaf = config.narrowed(np.asarray(leaf))
+  return tf.convert_to_tensor(leaf)
 
 
 def _traced_tensor(leaf, path):

@@ -30,7 +30,6 @@ from tfspmd._src import axis_env
 from tfspmd._src import control_flow
 from tfspmd._src import tf_internal
 from tfspmd._src import stacking
-from tfspmd._src.debug import exchange as debug_exchange
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
@@ -86,9 +85,11 @@ def over_axes(value, targets, step, function, result_shape=None, *,
   Returns:
     The per-device result.
   """
-  if debug_exchange.meets(targets):
+  threaded = next((frame.run_collective for frame in targets
+                   if frame.run_collective is not None), None)
+  if threaded is not None:
     # Eager device threads: no pfor to convert a marker, so the devices meet.
-    return debug_exchange.over_axes(value, targets, step, function)
+    return threaded(value, targets, step, function)
   collective = _Collective(tuple(targets), step, function,
                            joint and len(targets) > 1, varies, transpose_step)
   return _emit(value, axis_env.frames(), collective, result_shape, ())

@@ -20,8 +20,12 @@ import tensorflow as tf
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
+from tfspmd._src import out_axes as out_axes_lib
+from tfspmd._src import pmap_donation
+from tfspmd._src import pmap_nested
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
+from tfspmd._src import variable_writes
 from tfspmd._src import vectorize
 from tfspmd._src.debug import exchange
 from tfspmd._src.debug import gradient
@@ -58,15 +62,16 @@ def call(pmapped, args, kwargs):
         "process's program in a single-process run instead.")
   parent = axis_env.frames()
   if parent:
-    pmapped._check_nested()
-  elif pmapped._steps is not None:
+    pmap_nested.check_nested(pmapped._options)
+  elif pmapped._options.steps is not None:
     raise ValueError(
-        f"pmap(debug=True) does not run steps={pmapped._steps}: debug the "
-        f"step function with steps=None, one step per call.")
+        f"pmap(debug=True) does not run steps={pmapped._options.steps}: debug "
+        f"the step function with steps=None, one step per call.")
   bound = _bind(pmapped, args, kwargs, parent)
   session = parent[-1].session if parent else session_lib.Session()
   chains = [parent + (session_lib.DebugFrame(
-      pmapped._axis_name, bound.size, k, session=session),)
+      pmapped._options.axis_name, bound.size, k, session=session,
+      run_collective=exchange.over_axes),)
             for k in range(bound.size)]
   run = functools.partial(_run, pmapped, chains, bound.axes, bound.rebuild)
   # The tape of this thread cannot see the devices' threads: the call is
@@ -75,13 +80,13 @@ def call(pmapped, args, kwargs):
     return gradient.recorded_call(pmapped, run, bound)
   outputs, _, _ = run(bound.values)
   if not parent:
-    pmapped._delete_donated(args, ())
+    pmap_donation.delete_donated(pmapped._options.donate_argnums, args, ())
   return outputs
 
 
 def _bind(pmapped, args, kwargs, parent):
   """Checks the call as the compiled path does; returns a `_Bound`."""
-  binding = pmapped._args
+  binding = pmapped._options.args
   call = binding.bind(args, kwargs)
   paths = call.paths
   values = [tf.convert_to_tensor(arguments.to_array_leaf(leaf, path))
@@ -91,7 +96,8 @@ def _bind(pmapped, args, kwargs, parent):
           for axis, value, path in zip(call.in_axes, values, paths)]
   size = binding.mapped_size(axes, [tuple(v.shape) for v in values], paths)
   # The devices the compiled program would need, checked the same way.
-  pmapped._mesh_devices(math.prod(frame.size for frame in parent) * size)
+  pmapped._options.mesh_devices(
+      math.prod(frame.size for frame in parent) * size)
   return _Bound(size, values, call.in_axes, axes, call.rebuilder())
 
 
@@ -107,15 +113,17 @@ def _run(pmapped, chains, axes, rebuild, values, watch_variables=False):
 
   def device(chain):
     k = chain[-1].index
-    with mode.debug_mode(), _bound(chain), _reads(watch_variables) as read:
+    with mode.debug_mode(), _bound(chain), _reads(watch_variables) as read, \
+         variable_writes.refused(chain[-1].name):
       args_k, kwargs_k = rebuild([value if split is None else split[k]
                                   for value, split in zip(values, pieces)])
-      result = pmapped._fun(*args_k, **kwargs_k)
+      result = pmapped._options.fun(*args_k, **kwargs_k)
     out_leaves, out_treedef = tree.flatten(result)
     out_paths = tree.leaf_paths(result, "output")
     outputs = [vectorize.output_tensor(leaf, path)
                for leaf, path in zip(out_leaves, out_paths)]
-    specs = vectorize.resolve_out_axes(pmapped._out_axes, result, outputs)
+    specs = out_axes_lib.resolve(pmapped._options.out_axes, result,
+                                 [o.shape.rank for o in outputs])
     return _DeviceResult(out_treedef, specs, outputs, out_paths, read)
 
   session = chains[0][-1].session
@@ -123,7 +131,8 @@ def _run(pmapped, chains, axes, rebuild, values, watch_variables=False):
   variables = {}
   for result in results:
     variables.update((id(v), v) for v in result.variables)
-  return (_assemble(results, chains, pmapped._axis_name), results[0].specs,
+  return (_assemble(results, chains, pmapped._options.axis_name),
+          results[0].specs,
           list(variables.values()))
 
 

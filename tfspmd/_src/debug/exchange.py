@@ -18,15 +18,6 @@ from tfspmd._src import axis_env
 from tfspmd._src.debug import session as session_lib
 
 
-def meets(targets):
-  """Whether a collective over `targets` names an axis of a debug pmap.
-
-  A vmap inside a device's program still vectorizes: a collective over its
-  axis goes through pfor like in the compiled program.
-  """
-  return any(isinstance(frame, session_lib.DebugFrame) for frame in targets)
-
-
 def over_axes(value, targets, step, function):
   """`marker.over_axes` for the device threads of a pmap in debug mode.
 

@@ -49,12 +49,12 @@ def recorded_call(pmapped, run, bound):
       variable.read_value()
     vjp.program = pmap_gradient.VjpProgram(
         lambda fun, in_axes, out_axes: type(pmapped)(
-            fun, axis_name=pmapped._axis_name, in_axes=in_axes,
+            fun, axis_name=pmapped._options.axis_name, in_axes=in_axes,
             out_axes=out_axes, static_broadcasted_argnums=(),
-            devices=pmapped._devices, backend=pmapped._backend,
+            devices=pmapped._options.devices, backend=pmapped._options.backend,
             axis_size=None, donate_argnums=(), steps=None, debug=True),
-        pmapped._fun, bound.rebuild, bound.in_axes, out_axes, variables,
-        pmapped._axis_name)
+        pmapped._options.fun, bound.rebuild, bound.in_axes, out_axes, variables,
+        pmapped._options.axis_name)
     leaves, found["treedef"] = tree.flatten(outputs)
     return leaves
 

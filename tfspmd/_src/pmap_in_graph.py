@@ -1,0 +1,52 @@
+"""A pmap called while the user's own `tf.function` traces: one more call op.
+
+The inputs must be DTensors on the program's mesh (arguments of the user's
+function that came from `ShardedArray.dtensor_value` or from another call).
+The program's ops go into the user's graph as they are (a nested
+jit-compiled DTensor function mis-expands collectives: "SPMD expansion
+resulted in op output inconsistent with the provided layout", TF 2.21), and
+the outputs are left as DTensors for the rest of the user's function.
+"""
+
+from tfspmd._src import arguments
+from tfspmd._src import pmap_trace
+from tfspmd._src.sharded_array import ShardedArray
+
+
+def call(options, programs, args, kwargs):
+  """The outputs of the pmap with `options` on `args`, in the user's graph."""
+  bound = options.args.bind(args, kwargs)
+  values = []
+  for leaf, path in zip(bound.leaves, bound.paths):
+    if isinstance(leaf, ShardedArray):
+      leaf = leaf.dtensor_value
+    value = arguments.traced_tensor(leaf, path)
+    if not value.shape.is_fully_defined():
+      raise ValueError(
+          f"pmap inside a tf.function needs static shapes, but {path} has "
+          f"shape {value.shape}; give the tf.function an input_signature "
+          f"with full shapes, or call it with tensors of fixed shape.")
+    values.append(value)
+  share = options.process_share()
+  signature = tuple((_local_shape(v, axis, path, share), v.dtype)
+                    for v, axis, path in zip(values, bound.in_axes,
+                                             bound.paths))
+  key = (bound.treedef, bound.static_key, signature)
+  program = pmap_trace.cached_program(options, programs, key, bound, values)
+  outputs = program.inline(*values)
+  return program.output_treedef.unflatten(list(outputs))
+
+
+def _local_shape(value, axis, path, share):
+  """The shape of this process's part of the traced DTensor `value`.
+
+  `share` is `(local, total)`: this process holds `local` of every `total`
+  positions of the mapped axis.
+  """
+  shape = tuple(value.shape)
+  local, total = share
+  if axis is None or local == total:
+    return shape
+  axis = arguments.normalize_axis(axis, len(shape), spec_name="in_axes",
+                                  path=path)
+  return shape[:axis] + (shape[axis] * local // total,) + shape[axis + 1:]

@@ -1,0 +1,96 @@
+"""A pmap called while an enclosing pmap traces: one more mesh dimension.
+
+The nested pmap vectorizes its function over its axis in place, inside the
+enclosing program, and registers the axis as a dimension of the program's
+mesh (pmaps at the same depth share one). It records which input axes and
+result axes its mesh dimension splits, so that the top-level pmap lays its
+inputs and outputs out over every dimension.
+"""
+
+from tfspmd._src import arguments
+from tfspmd._src import axis_env
+from tfspmd._src import devices as devices_lib
+from tfspmd._src import mesh as mesh_lib
+from tfspmd._src import vectorize
+
+
+def check_nested(options):
+  """Raises if a pmap with `options` cannot run inside the enclosing ones."""
+  if options.steps is not None:
+    raise ValueError(
+        "pmap: steps= is for the outermost pmap, which runs the loop; "
+        "give it there (a nested pmap runs once per step of it).")
+  if options.devices is not None:
+    raise ValueError(
+        "pmap: nested pmaps with devices= are not supported (as in JAX); "
+        "give devices= to neither, and the nested mesh uses the first "
+        "devices of the outer pmap's platform.")
+  axis_env.check_not_bound(options.axis_name, "pmap")
+
+
+def call(options, args, kwargs):
+  """The per-device results of the nested pmap with `options` on `args`."""
+  state = axis_env.trace_state()
+  check_nested(options)
+  bound = options.args.bind(args, kwargs)
+  paths = bound.paths
+  values = [arguments.traced_tensor(leaf, path)
+            for leaf, path in zip(bound.leaves, paths)]
+  shapes = [tuple(v.shape) for v in values]
+  axes = [None if axis is None else arguments.normalize_axis(
+      axis, len(shape), spec_name="in_axes", path=path)
+          for axis, shape, path in zip(bound.in_axes, shapes, paths)]
+  size = options.args.mapped_size(axes, shapes, paths)
+  depth = sum(1 for frame in axis_env.frames() if frame.mesh_dim is not None)
+  mesh_dim = _register_nested_axis(state, options.axis_name, size, depth)
+
+  for value, axis in zip(values, axes):
+    origin = state.origins.get(id(value))
+    if axis is not None and origin is not None and origin[0] is value:
+      _, source_leaf, source_axes = origin
+      splits = state.input_splits.setdefault(source_leaf, {})
+      splits.setdefault(source_axes[axis], mesh_dim)
+
+  result = vectorize.map_over_axis(
+      options.fun, frame_template=(options.axis_name, size, mesh_dim),
+      inputs=values, in_axes=axes, rebuild_args=bound.rebuilder(),
+      out_axes=options.out_axes, on_slice=state.slice_tracker(values, axes))
+  for value, axis, per_device in zip(result.values, result.out_axes,
+                                     result.per_device):
+    if axis is not None:
+      state.output_splits[id(value)] = (
+          value, state.result_splits(per_device, axis, mesh_dim))
+  return result.treedef.unflatten(result.values)
+
+
+def _register_nested_axis(state, axis_name, size, depth):
+  """Adds the mesh dimension of a nested pmap at `depth`, or reuses it."""
+  if depth < len(state.mesh_axes):
+    _, known_size, dim = state.mesh_axes[depth]
+    if known_size != size:
+      raise ValueError(
+          f"nested pmaps at the same depth must have the same size to share "
+          f"a mesh dimension: axis {axis_name!r} has size {size}, another "
+          f"pmap at that depth has size {known_size}.")
+    return dim
+  total = size
+  for _, outer_size, _ in state.mesh_axes:
+    total *= outer_size
+  if total > state.max_devices:
+    shape = " x ".join(str(s) for _, s, _ in state.mesh_axes) + f" x {size}"
+    message = (f"compiling computation that requires {total} replicas "
+               f"({shape} nested pmaps), but only {state.max_devices} devices "
+               f"are available (num_replicas={total}).")
+    if devices_lib.process_count() > 1:
+      inner = total // state.mesh_axes[0][1]
+      message += (
+          f" With several processes the outermost pmap's axis spans the "
+          f"processes and the nested axes lie within each process, as in "
+          f"JAX: the nested axes need {inner} devices in every process, "
+          f"which has {devices_lib.local_device_count()}. Give each process "
+          f"at least {inner} devices, or map the inner axis with tfspmd.vmap "
+          f"(its collectives stay on the device).")
+    raise ValueError(message)
+  dim = mesh_lib.mesh_dim_name(depth)
+  state.mesh_axes.append((axis_name, size, dim))
+  return dim

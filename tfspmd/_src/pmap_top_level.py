@@ -1,0 +1,102 @@
+"""A pmap called at the top level: place the inputs, run, wrap the results.
+
+Outside any trace, a call's leaves are NumPy arrays, tensors or
+`ShardedArray`s. Each is placed on the program's mesh as the program wants
+it, moving as little as possible (a `ShardedArray` already placed so is
+passed as it is), and each output comes back as a `ShardedArray`.
+"""
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfspmd._src import arguments
+from tfspmd._src import distributed
+from tfspmd._src import dtensor_errors
+from tfspmd._src import dtensor_settings
+from tfspmd._src import placement as placement_lib
+from tfspmd._src import pmap_donation
+from tfspmd._src.config import config
+from tfspmd._src.sharded_array import ShardedArray
+
+
+def values_and_key(call):
+  """The call's input leaves as arrays, and its signature for the cache.
+
+  Returns:
+    `(values, key)`: one `ShardedArray`, tensor or NumPy array per leaf, and
+    `(treedef, static key, ((shape, dtype), ...))`.
+  """
+  values, signature = [], []
+  for leaf, path in zip(call.leaves, call.paths):
+    if isinstance(leaf, tf.Variable):
+      leaf = tf.convert_to_tensor(leaf)
+    if isinstance(leaf, ShardedArray):
+      if leaf.is_deleted():
+        raise pmap_donation.donated_argument_error(path)
+      values.append(leaf)
+      signature.append((tuple(leaf.shape), leaf.dtype))
+      continue
+    if isinstance(leaf, tf.Tensor):
+      dtype = leaf.dtype
+      ready = (dtype.is_numeric and not dtype.is_quantized) or dtype.is_bool
+    else:
+      ready = isinstance(leaf, np.ndarray) and leaf.dtype.kind in "biufc"
+      if ready:
+        leaf = config.narrowed(leaf)
+    if not ready:
+      leaf = arguments.to_array_leaf(leaf, path)
+    values.append(leaf)
+    signature.append((tuple(leaf.shape), tf.as_dtype(leaf.dtype)))
+  return values, (call.treedef, call.static_key, tuple(signature))
+
+
+def run(program, values, axis_name):
+  """Places `values`, runs `program`, wraps its outputs as `ShardedArray`s."""
+  placed = [_place(value, placement)
+            for value, placement in zip(values, program.input_placements)]
+  try:
+    with dtensor_settings.applied(program.dtensor_switches):
+      if placed:
+        outputs = program.function(*placed)
+      else:
+        with dtensor.run_on(program.mesh):
+          outputs = program.function()
+  except tf.errors.OpError as e:
+    distributed.raise_peer_failure(e)
+    explained = dtensor_errors.explain(e, axis_name)
+    if explained is None:
+      raise
+    raise explained from None
+  return [ShardedArray(value, placement, shape, dtype)
+          for value, placement, shape, dtype in zip(
+              outputs, program.output_placements, program.output_shapes,
+              program.output_dtypes)]
+
+
+def _place(value, placement):
+  """The DTensor of one input leaf on `placement`, moving as little as possible."""
+  if isinstance(value, ShardedArray):
+    current = value.placement
+    if current is placement:
+      return value.dtensor_value
+    if current.block_map == placement.block_map:
+      return placement_lib.repack(value.dtensor_value, placement)
+    value = value.numpy()
+  elif isinstance(value, tf.Tensor):
+    if dtensor.is_dtensor(value):
+      return _relayout_dtensor(value, placement)
+    value = value.numpy()
+  return placement_lib.pack_host_array(np.asarray(value), placement)
+
+
+def _relayout_dtensor(value, placement):
+  """A DTensor argument (from a user's tf.function) on `placement`."""
+  layout = dtensor.fetch_layout(value)
+  if layout == placement.layout:
+    return value
+  if layout.mesh == placement.mesh:
+    return dtensor.relayout(value, placement.layout)
+  replicated = dtensor.Layout.replicated(layout.mesh, layout.rank)
+  host = dtensor.unpack(dtensor.relayout(value, replicated))[0].numpy()
+  return placement_lib.pack_global_array(host, placement)

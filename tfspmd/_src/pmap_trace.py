@@ -1,0 +1,229 @@
+"""Tracing a pmap's program: one jit-compiled DTensor function per signature.
+
+`cached_program` returns the `Program` of a call signature, tracing it the
+first time: the per-device function vectorized over the mapped axis by pfor
+(nested pmaps met while tracing add mesh dimensions), inside one
+`tf.function(jit_compile=True)`, with the placement of every input and
+output on the program's mesh.
+"""
+
+import dataclasses
+import functools
+
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfspmd._src import arguments
+from tfspmd._src import axis_env
+from tfspmd._src import devices as devices_lib
+from tfspmd._src import dtensor_settings
+from tfspmd._src import mesh as mesh_lib
+from tfspmd._src import new_axis
+from tfspmd._src import placement as placement_lib
+from tfspmd._src import steps as steps_lib
+from tfspmd._src import tf_internal
+from tfspmd._src import tree
+from tfspmd._src import vectorize
+
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
+
+@dataclasses.dataclass
+class Program:
+  """A traced program and how its inputs and outputs lie on the mesh.
+
+  Attributes:
+    function: Calls the compiled program on placed inputs.
+    input_placements: The `Placement` of each input leaf.
+    output_placements: The `Placement` of each output leaf.
+    output_shapes: This process's shape of each output leaf.
+    output_dtypes: The dtype of each output leaf.
+    output_treedef: The output tree.
+    inline: The traced Python function, to call inside a user's graph.
+    output_axes: Where each output leaf has the mapped axis (None: nowhere).
+    mesh: The DTensor mesh.
+    size: The mapped size, over all processes.
+    trainable_variables: The trainable variables the program reads.
+    dtensor_switches: The DTensor settings it runs under.
+  """
+  function: object
+  input_placements: tuple
+  output_placements: tuple
+  output_shapes: tuple
+  output_dtypes: tuple
+  output_treedef: object
+  inline: object
+  output_axes: tuple
+  mesh: object
+  size: int
+  trainable_variables: tuple
+  dtensor_switches: tuple
+
+
+@functools.lru_cache(maxsize=4096)
+def placement_for(mesh_key, spec):
+  """Interned `Placement`s, so equal placements compare by identity."""
+  return placement_lib.Placement(mesh_key, spec)
+
+
+def cached_program(options, programs, key, call, values):
+  """The `Program` of the call signature `key`, traced if not in `programs`.
+
+  Args:
+    options: The pmap's `PmapOptions`.
+    programs: The pmap's `lru.LRUCache` of programs.
+    key: `(treedef, static key, ((shape, dtype), ...))` of the call, with
+      this process's shapes.
+    call: The bound call (`mapped_args`).
+    values: The input leaves (their dtypes are read).
+  """
+  program = programs.get(key)
+  if program is None:
+    program = _trace(options, call, [shape for shape, _ in key[2]],
+                     [value.dtype for value in values])
+    programs.put(key, program)
+  return program
+
+
+def _trace(options, call, shapes, dtypes):
+  paths = call.paths
+  axes = [None if axis is None else arguments.normalize_axis(
+      axis, len(shape), spec_name="in_axes", path=path)
+          for axis, shape, path in zip(call.in_axes, shapes, paths)]
+  size = options.args.mapped_size(axes, shapes, paths)
+  devices = options.mesh_devices(size)
+  # With several processes each passes its part, and the program sees the
+  # whole array, whose mapped axis spans the devices of all processes.
+  local, total = options.process_share()
+  size = size * total // local
+  shapes = [shape if axis is None else
+            shape[:axis] + (size,) + shape[axis + 1:]
+            for shape, axis in zip(shapes, axes)]
+  top_dim = mesh_lib.mesh_dim_name(0)
+  state = axis_env.TraceState(
+      mesh_axes=[(options.axis_name, size, top_dim)],
+      max_devices=len(devices) if options.devices is None else size,
+      devices=tuple(devices))
+  rebuild = call.rebuilder()
+  built = {}
+
+  def on_slice(leaf, piece, _):
+    state.origins[id(piece)] = (piece, leaf, [
+        a for a in range(len(shapes[leaf])) if a != axes[leaf]])
+
+  @_do_not_convert
+  def program(*inputs):
+    with axis_env.tracing(state):
+      for leaf, (value, axis) in enumerate(zip(inputs, axes)):
+        if axis is None:
+          state.origins[id(value)] = (value, leaf, list(range(len(shapes[leaf]))))
+      frame_template = (options.axis_name, size, top_dim)
+      if options.steps is None:
+        result = vectorize.map_over_axis(
+            options.fun, frame_template=frame_template, inputs=list(inputs),
+            in_axes=axes, rebuild_args=rebuild, out_axes=options.out_axes,
+            on_slice=on_slice)
+      else:
+        result = steps_lib.map_steps(
+            options.fun, options.steps, frame_template=frame_template,
+            inputs=list(inputs), in_axes=axes, paths=paths,
+            carry_treedef=_carry_treedef(call.dynamic, options.steps),
+            rebuild_args=rebuild, out_axes=options.out_axes,
+            on_slice=on_slice)
+      _check_static_shapes(result)
+      mesh_key = state.mesh_key()
+      placements = []
+      outputs = []
+      for value, axis, per_device in zip(result.values, result.out_axes,
+                                         result.per_device):
+        spec = [None] * value.shape.rank
+        if axis is not None:
+          for split_axis, dim in state.result_splits(
+              per_device, axis, top_dim).items():
+            spec[split_axis] = dim
+        placement = placement_for(mesh_key, tuple(spec))
+        placements.append(placement)
+        outputs.append(_relayout(value, placement.layout))
+      built.update(result=result, placements=placements, mesh_key=mesh_key)
+      return outputs
+
+  function = tf.function(program, jit_compile=True, autograph=False)
+  specs = [tf.TensorSpec(shape, tf.as_dtype(dtype))
+           for shape, dtype in zip(shapes, dtypes)]
+  concrete = function.get_concrete_function(*specs)
+  new_axis.check_program(concrete.outputs, options.axis_name)
+  mesh_key = built["mesh_key"]
+  input_placements = []
+  for leaf, (shape, axis) in enumerate(zip(shapes, axes)):
+    spec = [None] * len(shape)
+    if axis is not None:
+      spec[axis] = top_dim
+    for original_axis, dim in state.input_splits.get(leaf, {}).items():
+      spec[original_axis] = dim
+    input_placements.append(placement_for(mesh_key, tuple(spec)))
+  result = built["result"]
+  mesh = mesh_lib.mesh_for_axes(*mesh_key)
+  return Program(
+      function=tf_internal.flat_caller(
+          concrete, [_on_mesh(value, mesh)
+                     for value in concrete.captured_inputs]),
+      input_placements=tuple(input_placements),
+      output_placements=tuple(built["placements"]),
+      output_shapes=tuple(
+          placement.local_shape(tuple(v.shape))
+          for v, placement in zip(result.values, built["placements"])),
+      output_dtypes=tuple(v.dtype for v in result.values),
+      output_treedef=result.treedef,
+      inline=program,
+      output_axes=tuple(result.out_axes),
+      size=size,
+      trainable_variables=tuple(concrete.trainable_variables),
+      dtensor_switches=dtensor_settings.for_program(
+          mesh_key[2], len(mesh_key[1]),
+          devices_lib.process_count(), concrete.graph.as_graph_def()),
+      mesh=mesh)
+
+
+def _check_static_shapes(result):
+  """Raises for an output whose size depends on the data (`tf.unique`)."""
+  for value, path in zip(result.values, result.paths):
+    if not value.shape.is_fully_defined():
+      raise ValueError(
+          f"the pmapped function returned {path} of shape {value.shape} (with "
+          f"the mapped axis), whose size depends on the data (from an op such "
+          f"as tf.unique, tf.boolean_mask or tf.where); DTensor lays out only "
+          f"static shapes. Return a fixed-size result: pad it to its largest "
+          f"size, with its length (or a mask) as another output.")
+
+
+def _relayout(value, layout):
+  """`dtensor.relayout`, moving uint64 as int64, which DTensor can move.
+
+  DTensor's collectives refuse uint64 (TF 2.21); the cast keeps the bits.
+  """
+  if value.dtype != tf.uint64:
+    return dtensor.relayout(value, layout)
+  moved = dtensor.relayout(tf.cast(value, tf.int64), layout)
+  return tf.cast(moved, tf.uint64)
+
+
+def _carry_treedef(dynamic, steps):
+  if not dynamic:
+    raise TypeError(
+        f"pmap with steps={steps} needs the carry as the first positional "
+        f"argument (not static), and got none.")
+  return tree.flatten(dynamic[0])[1]
+
+
+def _on_mesh(captured, mesh):
+  """A tensor the program closes over, as DTensor takes it.
+
+  DTensor takes an eager tensor that is not a DTensor only if it is a scalar
+  or a small integer one ("was expecting a DTensor"): a closed-over array is
+  copied to every device of the mesh once, when the program is traced (an
+  eager tensor never changes). Resource handles (variables) pass as they are.
+  """
+  if (not isinstance(captured, tf.Tensor) or dtensor.is_dtensor(captured) or
+      captured.dtype in (tf.resource, tf.variant)):
+    return captured
+  return placement_lib.replicated(captured, mesh)
