@@ -97,7 +97,24 @@ class MappedArguments:
     self._leaf_axes.put(cache_key, specs)
     return specs
 
-  def mapped_size(self, axes, shapes, paths):
+  def axes_and_size(self, in_axes, shapes, paths):
+    """Each leaf's mapped axis (non-negative, or None) and the mapped size.
+
+    Args:
+      in_axes: Each leaf's axis as the call gives it (negative from the end).
+      shapes: Each leaf's shape.
+      paths: Each leaf's pytree path, for messages.
+
+    Raises:
+      ValueError: If an axis is out of range, the mapped leaves disagree on
+        the size, or there is no size to take.
+    """
+    axes = [None if axis is None else arguments.normalize_axis(
+        axis, len(shape), spec_name="in_axes", path=path)
+            for axis, shape, path in zip(in_axes, shapes, paths)]
+    return axes, self._mapped_size(axes, shapes, paths)
+
+  def _mapped_size(self, axes, shapes, paths):
     """The size of the mapped axis, checked across the mapped leaves."""
     sizes = [(path, shape, axis, shape[axis])
              for path, shape, axis in zip(paths, shapes, axes)

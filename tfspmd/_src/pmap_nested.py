@@ -37,10 +37,7 @@ def call(options, args, kwargs):
   values = [arguments.traced_tensor(leaf, path)
             for leaf, path in zip(bound.leaves, paths)]
   shapes = [tuple(v.shape) for v in values]
-  axes = [None if axis is None else arguments.normalize_axis(
-      axis, len(shape), spec_name="in_axes", path=path)
-          for axis, shape, path in zip(bound.in_axes, shapes, paths)]
-  size = options.args.mapped_size(axes, shapes, paths)
+  axes, size = options.args.axes_and_size(bound.in_axes, shapes, paths)
   depth = sum(1 for frame in axis_env.frames() if frame.mesh_dim is not None)
   mesh_dim = _register_nested_axis(state, options.axis_name, size, depth)
 

@@ -13,7 +13,6 @@ import functools
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from tfspmd._src import arguments
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
 from tfspmd._src import dtensor_settings
@@ -87,10 +86,7 @@ def cached_program(options, programs, key, call, values):
 
 def _trace(options, call, shapes, dtypes):
   paths = call.paths
-  axes = [None if axis is None else arguments.normalize_axis(
-      axis, len(shape), spec_name="in_axes", path=path)
-          for axis, shape, path in zip(call.in_axes, shapes, paths)]
-  size = options.args.mapped_size(axes, shapes, paths)
+  axes, size = options.args.axes_and_size(call.in_axes, shapes, paths)
   devices = options.mesh_devices(size)
   # With several processes each passes its part, and the program sees the
   # whole array, whose mapped axis spans the devices of all processes.

@@ -67,10 +67,7 @@ class VmappedFunction:
     values = [_traced_tensor(leaf, path)
               for leaf, path in zip(call.leaves, paths)]
     shapes = [tuple(v.shape) for v in values]
-    axes = [None if axis is None else arguments.normalize_axis(
-        axis, len(shape), spec_name="in_axes", path=path)
-            for axis, shape, path in zip(call.in_axes, shapes, paths)]
-    size = self._args.mapped_size(axes, shapes, paths)
+    axes, size = self._args.axes_and_size(call.in_axes, shapes, paths)
     state = axis_env.trace_state()
     result = vectorize.map_over_axis(
         self._fun, frame_template=(self._axis_name, size, None),

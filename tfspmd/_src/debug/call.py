@@ -91,10 +91,8 @@ def _bind(pmapped, args, kwargs, parent):
   paths = call.paths
   values = [tf.convert_to_tensor(arguments.to_array_leaf(leaf, path))
             for leaf, path in zip(call.leaves, paths)]
-  axes = [None if axis is None else arguments.normalize_axis(
-      axis, value.shape.rank, spec_name="in_axes", path=path)
-          for axis, value, path in zip(call.in_axes, values, paths)]
-  size = binding.mapped_size(axes, [tuple(v.shape) for v in values], paths)
+  axes, size = binding.axes_and_size(
+      call.in_axes, [tuple(v.shape) for v in values], paths)
   # The devices the compiled program would need, checked the same way.
   pmapped._options.mesh_devices(
       math.prod(frame.size for frame in parent) * size)
