@@ -235,3 +235,319 @@ def test_dropout_draws_a_different_mask_on_each_device():
                              rtol=1e-5)
   np.testing.assert_array_equal(
       model.layers[0].seed_generator.state.numpy(), [7, 1])
+
+
+# --- the model is followed: what callbacks and the user assign counts ------
+
+
+def fit_both(make_callbacks, epochs=4, optimizer=lambda: keras.optimizers.SGD(
+    0.1), data_seed=0, **kwargs):
+  """Trains the same model by model.fit and KerasTrainer.fit, same callbacks."""
+  x, y = data(data_seed)
+  weights = initial_weights()
+  reference = mlp(optimizer(), weights=weights)
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=epochs,
+                           shuffle=False, verbose=0,
+                           callbacks=make_callbacks(), **kwargs).history
+  model = mlp(optimizer(), weights=weights)
+  history = keras_training.KerasTrainer(model).fit(
+      x, y, batch_size=BATCH, epochs=epochs, verbose=0,
+      callbacks=make_callbacks(), **kwargs).history
+  return model, history, reference, expected
+
+
+def assert_same_training(model, history, reference, expected):
+  assert sorted(history) == sorted(expected)
+  for name in expected:
+    np.testing.assert_allclose(history[name], expected[name], rtol=1e-5,
+                               err_msg=name)
+  for got, want in zip(model.get_weights(), reference.get_weights()):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  for got, want in zip(model.optimizer.variables,
+                       reference.optimizer.variables):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_learning_rate_scheduler_equals_keras_fit():
+  # lr 0 from epoch 2 on: the weights must stop moving there.
+  schedule = lambda: [keras.callbacks.LearningRateScheduler(
+      lambda epoch, lr: 0.0 if epoch >= 2 else lr * 0.5)]
+  model, history, reference, expected = fit_both(schedule)
+  assert_same_training(model, history, reference, expected)
+  np.testing.assert_allclose(history["learning_rate"], [0.05, 0.025, 0, 0])
+  assert history["loss"][2] != history["loss"][1]
+  assert float(model.optimizer.learning_rate) == 0.0
+
+
+def test_reduce_lr_on_plateau_equals_keras_fit():
+  # min_delta=1 makes every epoch after the first a plateau: the rate
+  # halves from there.
+  plateau = lambda: [keras.callbacks.ReduceLROnPlateau(
+      monitor="loss", factor=0.5, patience=0, min_delta=1.0)]
+  model, history, reference, expected = fit_both(plateau)
+  assert_same_training(model, history, reference, expected)
+  np.testing.assert_allclose(history["learning_rate"],
+                             [0.1, 0.1, 0.05, 0.025])
+
+
+def test_early_stopping_restoring_the_best_weights_equals_keras_fit():
+  # mode='max' on a falling loss: epoch 0 stays the best; training stops
+  # after 2 more epochs and the weights of epoch 0 come back.
+  stopping = lambda: [keras.callbacks.EarlyStopping(
+      monitor="loss", mode="max", patience=2, restore_best_weights=True)]
+  model, history, reference, expected = fit_both(stopping, epochs=6)
+  assert len(history["loss"]) == len(expected["loss"]) == 3
+  assert_same_training(model, history, reference, expected)
+
+
+def test_a_callback_stopping_in_an_epoch_stops_there_as_in_keras_fit():
+  class StopAfterTwoBatches(keras.callbacks.Callback):
+
+    def on_train_batch_end(self, batch, logs=None):
+      if batch == 1:
+        self.model.stop_training = True
+
+  model, history, reference, expected = fit_both(
+      lambda: [StopAfterTwoBatches()], epochs=3)
+  assert len(history["loss"]) == 1
+  assert_same_training(model, history, reference, expected)
+
+
+def test_a_learning_rate_set_by_a_batch_callback_is_used_from_that_batch():
+  class Warmup(keras.callbacks.Callback):
+
+    def on_train_batch_begin(self, batch, logs=None):
+      self.model.optimizer.learning_rate.assign(0.02 * (batch + 1))
+
+  assert_same_training(*fit_both(lambda: [Warmup()], epochs=2))
+
+
+def test_set_weights_after_fit_is_what_evaluate_and_fit_use():
+  x, y = data(seed=5)
+  model = mlp(keras.optimizers.SGD(0.1), weights=initial_weights())
+  trainer = keras_training.KerasTrainer(model)
+  trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  keras.utils.set_random_seed(9)
+  other = [w + np.random.default_rng(9).standard_normal(w.shape).astype(
+      w.dtype) for w in model.get_weights()]
+  model.set_weights(other)
+
+  reference = mlp(keras.optimizers.SGD(0.1), weights=other)
+  expected = reference.evaluate(x, y, batch_size=BATCH, verbose=0,
+                                return_dict=True)
+  got = trainer.evaluate(x, y, batch_size=BATCH)
+  for name in expected:
+    np.testing.assert_allclose(got[name], expected[name], rtol=1e-5)
+
+  # fit goes on from the assigned weights (and the optimizer state).
+  reference.optimizer.iterations.assign(model.optimizer.iterations)
+  reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+  trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  for got, want in zip(model.get_weights(), reference.get_weights()):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_load_weights_after_fit_is_what_evaluate_uses(tmp_path):
+  x, y = data(seed=6)
+  saved = mlp("sgd", weights=[w * 2 for w in initial_weights()])
+  saved.save_weights(str(tmp_path / "w.weights.h5"))
+  model = mlp("sgd", weights=initial_weights())
+  trainer = keras_training.KerasTrainer(model)
+  trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  model.load_weights(str(tmp_path / "w.weights.h5"))
+  expected = saved.evaluate(x, y, batch_size=BATCH, verbose=0,
+                            return_dict=True)
+  got = trainer.evaluate(x, y, batch_size=BATCH)
+  for name in expected:
+    np.testing.assert_allclose(got[name], expected[name], rtol=1e-5)
+
+
+def test_a_model_compiled_again_trains_with_its_new_optimizer():
+  x, y = data(seed=7)
+  model = mlp("sgd", weights=initial_weights())
+  trainer = keras_training.KerasTrainer(model)
+  trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  weights = model.get_weights()
+  model.compile(optimizer=keras.optimizers.Adam(0.01),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True), metrics=["accuracy"])
+  reference = mlp(keras.optimizers.Adam(0.01), weights=weights)
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False,
+                           verbose=0).history
+  history = trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0).history
+  np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
+  for got, want in zip(model.get_weights(), reference.get_weights()):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# --- padded remainders change nothing -------------------------------------
+
+
+def test_padded_remainders_train_as_keras_fit_on_the_unpadded_batches():
+  # 84 rows in batches of 32, 32, 20: the last is padded to 24; some rows
+  # weigh 0 themselves, which padding must not be confused with.
+  x, y = data(seed=8)
+  x, y = x[:84], y[:84]
+  w = np.tile(np.array([1.0, 0.0, 2.0, 0.5], np.float32), 21)
+  dataset = lambda: tf.data.Dataset.from_tensor_slices((x, y, w)).batch(
+      BATCH)
+  weights = initial_weights()
+  reference = mlp(keras.optimizers.SGD(0.1), weights=weights)
+  expected = reference.fit(dataset(), epochs=2, verbose=0).history
+  model = mlp(keras.optimizers.SGD(0.1), weights=weights)
+  trainer = keras_training.KerasTrainer(model)
+  history = trainer.fit(dataset(), epochs=2, verbose=0,
+                        remainder="pad").history
+  assert_same_training(model, history, reference, expected)
+
+
+def test_padded_evaluate_equals_keras_evaluate_on_20_rows():
+  x, y = data(seed=9)
+  model = mlp("sgd", weights=initial_weights())
+  expected = model.evaluate(x[:20], y[:20], batch_size=20, verbose=0,
+                            return_dict=True)
+  got = keras_training.KerasTrainer(model).evaluate(
+      x[:20], y[:20], batch_size=20, remainder="pad")
+  for name in expected:
+    np.testing.assert_allclose(got[name], expected[name], rtol=1e-5)
+
+
+def batch_norm_model():
+  keras.utils.set_random_seed(5)
+  model = keras.Sequential([keras.Input((FEATURES,)),
+                            keras.layers.BatchNormalization(momentum=0.9),
+                            keras.layers.Dense(CLASSES)])
+  model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True))
+  return model
+
+
+def test_padding_rows_are_left_out_of_batch_norm_statistics():
+  # 20 rows on 8 devices: 3 per device, device 6 has 2 real rows and
+  # device 7 none. The moving mean is that of the 20 rows, as in model.fit;
+  # the moving variance averages the devices' variances of their real rows,
+  # weighted by how many they hold (model.fit takes the variance of the
+  # whole batch instead, which no per-device BatchNormalization has).
+  x, y = data(seed=4)
+  x = x[:20] * 2 + 5
+  y = y[:20]
+  reference = batch_norm_model()
+  reference.fit(x, y, batch_size=20, epochs=1, shuffle=False, verbose=0)
+  model = batch_norm_model()
+  keras_training.KerasTrainer(model).fit(x, y, batch_size=20, epochs=1,
+                                         verbose=0, remainder="pad")
+  layer = model.layers[0]
+  np.testing.assert_allclose(layer.moving_mean,
+                             reference.layers[0].moving_mean, rtol=1e-5)
+  blocks = [x[k:k + 3] for k in range(0, 20, 3)]
+  variance = sum(len(b) * b.var(0) for b in blocks) / 20
+  np.testing.assert_allclose(layer.moving_variance, 0.9 + 0.1 * variance,
+                             rtol=1e-5)
+
+
+# --- what a model without targets, and bad batches, get --------------------
+
+
+def test_a_dataset_of_x_alone_trains_a_model_whose_losses_are_its_own():
+  def model_with_own_loss():
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([
+        keras.Input((FEATURES,)),
+        keras.layers.Dense(2, activity_regularizer=keras.regularizers.L2(0.1))])
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    return model
+
+  x, _ = data(seed=10)
+  dataset = tf.data.Dataset.from_tensor_slices(x).batch(BATCH)
+  reference = model_with_own_loss()
+  expected = reference.fit(dataset, epochs=2, verbose=0).history
+  model = model_with_own_loss()
+  history = keras_training.KerasTrainer(model).fit(dataset, epochs=2,
+                                                   verbose=0).history
+  np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
+  for got, want in zip(model.get_weights(), reference.get_weights()):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_dataset_of_x_alone_for_a_compiled_loss_is_an_error_naming_y():
+  x, _ = data()
+  dataset = tf.data.Dataset.from_tensor_slices(x).batch(BATCH)
+  with pytest.raises(ValueError, match=r"no targets `y`, but the model was "
+                     r"compiled with a loss and metrics"):
+    keras_training.KerasTrainer(mlp("sgd")).fit(dataset, verbose=0)
+
+
+@pytest.mark.parametrize("shape", [(BATCH, 3), (BATCH, 1, 2)])
+def test_sample_weights_that_do_not_fit_the_targets_are_an_error(shape):
+  # Keras' fit fails on both (in the loss's broadcast).
+  x, y = data()
+  dataset = tf.data.Dataset.from_tensors(
+      (x[:BATCH], y[:BATCH], np.ones(shape, np.float32)))
+  with pytest.raises(ValueError, match=r"sample_weight has shape .* which "
+                     r"does not fit y of shape"):
+    keras_training.KerasTrainer(mlp("sgd")).fit(dataset, verbose=0)
+
+
+def test_string_inputs_are_an_error_naming_the_input():
+  inputs = keras.Input((1,), dtype="string", name="text")
+  ids = keras.layers.StringLookup(vocabulary=["a", "b"])(inputs)
+  model = keras.Model({"text": inputs}, keras.layers.Dense(1)(
+      keras.ops.cast(ids, "float32")))
+  model.compile(optimizer="sgd", loss="mse")
+  dataset = tf.data.Dataset.from_tensors(
+      ({"text": tf.constant([["a"]] * 8)}, tf.ones([8, 1])))
+  with pytest.raises(ValueError, match=r"x\['text'\] holds strings.*"
+                     r"StringLookup"):
+    keras_training.KerasTrainer(model).fit(dataset, verbose=0)
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (lambda s: ([s[0][0].numpy().astype(np.float64)] + s[0][1:],) + s[1:],
+     TypeError, r"state\[0\]\[0\] \('sequential.*/kernel'\) must have dtype "
+     r"float32, got float64"),
+    (lambda s: ([np.zeros((2, 2), np.float32)] + s[0][1:],) + s[1:],
+     ValueError, r"state\[0\]\[0\] .* must have shape \(6, 16\), got \(2, 2\)"),
+    (lambda s: s[:3], ValueError, r"expected 4 lists .* got 3 parts"),
+])
+def test_a_state_unlike_the_models_is_an_error(change, error, match):
+  x, y = data()
+  trainer = keras_training.KerasTrainer(mlp("sgd"))
+  trainer.fit(x, y, batch_size=BATCH, verbose=0)
+  state = tuple(list(part) for part in trainer.state)
+  with pytest.raises(error, match=match):
+    trainer.state = change(state)
+
+
+def test_an_assigned_state_is_written_into_the_model():
+  x, y = data()
+  model = mlp("sgd", weights=initial_weights())
+  trainer = keras_training.KerasTrainer(model)
+  trainer.fit(x, y, batch_size=BATCH, verbose=0)
+  state = tuple(list(part) for part in trainer.state)
+  zeros = np.zeros((FEATURES, 16), np.float32)
+  trainer.state = ([zeros] + state[0][1:],) + state[1:]
+  np.testing.assert_array_equal(model.layers[0].kernel.numpy(), zeros)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(epochs="3"), ValueError, r"`epochs` must be an int >= 0, got '3'"),
+    (dict(epochs=2, steps_per_epoch=0), ValueError,
+     r"`steps_per_epoch` must be an int >= 1 or None, got 0"),
+    (dict(verbose=3), ValueError, r"`verbose` must be 'auto', 0, 1 or 2"),
+    (dict(callbacks=keras.callbacks.History()), TypeError,
+     r"`callbacks` must be a list"),
+    (dict(callbacks=[lambda: None]), TypeError,
+     r"callbacks\[0\] is a .*function, not a Keras 3"),
+    (dict(batch_size=0), ValueError, r"`batch_size` must be an int >= 1"),
+    (dict(remainder="drop"), ValueError,
+     r"`remainder` must be 'error' or 'pad'"),
+    (dict(y=np.zeros(10, np.int32)), ValueError,
+     r"different numbers of examples \(x: 192, y: 10\)"),
+])
+def test_bad_fit_arguments_are_errors_naming_them(kwargs, error, match):
+  x, y = data()
+  arguments = dict(y=y, batch_size=BATCH, verbose=0)
+  arguments.update(kwargs)
+  with pytest.raises(error, match=match):
+    keras_training.KerasTrainer(mlp("sgd")).fit(x, **arguments)

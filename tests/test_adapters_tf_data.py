@@ -191,3 +191,28 @@ def test_bad_arguments(kwargs, message):
 def test_not_a_dataset():
   with pytest.raises(TypeError, match="must be a tf.data.Dataset"):
     tf_data.device_batches(np.zeros((8, 2)))
+
+
+@pytest.mark.parametrize("dataset, match", [
+    (tf.data.Dataset.from_tensor_slices((np.zeros((16, 3)), np.zeros(16))),
+     r"element\[1\] of `dataset` is a scalar .* `dataset.batch\(n\)`"),
+    (tf.data.Dataset.from_tensor_slices(
+        (tf.sparse.from_dense(np.eye(16)), np.zeros(16))).batch(8),
+     r"element\[0\] of `dataset` is a sparse tensor .*tf.sparse.to_dense"),
+    (tf.data.Dataset.from_tensors(
+        {"x": tf.ragged.constant([[1.0], [2.0, 3.0]] * 4)}),
+     r"element\['x'\] of `dataset` is a ragged tensor .*to_tensor\(\)"),
+])
+def test_unbatched_sparse_and_ragged_elements_are_errors_naming_dataset(
+    dataset, match):
+  with pytest.raises(ValueError, match=match):
+    tf_data.device_batches(dataset)
+
+
+def test_pad_rows_pads_every_leaf_and_marks_the_real_rows():
+  element = {"x": tf.ones([5, 2]), "y": tf.range(5)}
+  padded, rows = tf_data.pad_rows(element, 4)
+  np.testing.assert_array_equal(padded["x"], np.r_[np.ones((5, 2)),
+                                                   np.zeros((3, 2))])
+  np.testing.assert_array_equal(padded["y"], [0, 1, 2, 3, 4, 0, 0, 0])
+  np.testing.assert_array_equal(rows, [1] * 5 + [0] * 3)
