@@ -63,6 +63,20 @@ def test_elementwise_on_1d_and_2d_meshes(mesh):
   assert sharding(out) == ["axis_0", "axis_1"]
 
 
+@pytest.mark.parametrize("spec, split", [
+    (P("model"), ["axis_1", "unsharded"]),
+    (P(None, "model"), ["unsharded", "axis_1"]),
+    (P("data"), ["axis_0", "unsharded"]),
+    (P("model", "data"), ["axis_1", "axis_0"]),
+], ids=str)
+def test_an_output_split_over_any_mesh_axis_stays_split(mesh, spec, split):
+  x = data(8, 8)
+  out = tfspmd.shard_map(lambda b: b - 1, mesh=mesh, in_specs=spec,
+                         out_specs=spec)(x)
+  np.testing.assert_allclose(out, x - 1, rtol=1e-6)
+  assert sharding(out) == split
+
+
 def test_matmul_with_the_contracting_dimension_split(mesh):
   a, b = data(8, 16), data(16, 12, seed=1)
 

@@ -22,11 +22,13 @@ import math
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.experimental import dtensor
 
 from tfspmd._src import arguments
 from tfspmd._src import array_ops
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
+from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import pmap as pmap_lib
 from tfspmd._src import tree
 from tfspmd._src.named_mesh import Mesh
@@ -128,22 +130,31 @@ def _expand_input(value, spec, mesh, path):
   return tf.reshape(value, shape)
 
 
-def _join_output(value, spec):
+def _join_output(value, spec, axis_names):
   """The global array of the expanded result `value`.
 
-  A ShardedArray gives a ShardedArray; a tensor (what pmap returns while a
+  A ShardedArray gives a ShardedArray split as `spec` says (over the first
+  mesh axis it names for a dimension); a tensor (what pmap returns while a
   GradientTape records) gives a tensor, which the tape can follow.
   """
   shape = value.shape.as_list()
   named = sum(len(spec.axes_of(d)) for d in range(len(spec)))
-  merged, position = [], 0
+  merged, split, position = [], [], 0
   for dimension in range(len(shape) - named):
-    count = len(spec.axes_of(dimension))
-    merged.append(math.prod(shape[position:position + count + 1]))
-    position += count + 1
+    axes = spec.axes_of(dimension)
+    merged.append(math.prod(shape[position:position + len(axes) + 1]))
+    split.append(mesh_lib.mesh_dim_name(axis_names.index(axes[0])) if axes
+                 else dtensor.UNSHARDED)
+    position += len(axes) + 1
   if not isinstance(value, ShardedArray):
     return tf.reshape(value, merged)
-  return array_ops.wrap(tf.reshape(value.dtensor_value, merged), value)
+  joined = tf.reshape(value.dtensor_value, merged)
+  # DTensor's reshape leaves a dimension split over an inner mesh axis
+  # replicated; going back to the split is a local slice.
+  layout = dtensor.Layout(split, value.placement.mesh)
+  if dtensor.fetch_layout(joined) != layout:
+    joined = dtensor.relayout(joined, layout)
+  return array_ops.wrap(joined, value)
 
 
 class ShardMappedFunction:
@@ -235,7 +246,7 @@ class ShardMappedFunction:
                                       spec_name="out_specs", root="output",
                                       is_spec_leaf=_is_spec)
     return out_treedef.unflatten([
-        _join_output(leaf, _as_spec(spec))
+        _join_output(leaf, _as_spec(spec), self._mesh.axis_names)
         for leaf, spec in zip(out_leaves, out_specs)])
 
 
