@@ -1110,6 +1110,235 @@ def _():
 
 # --- adapters: Keras and tf.data ---------------------------------------------
 
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import keras
+from adapters import keras_training
+from adapters import tf_data
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+
+def _tiny_model(loss="mse", metrics=None):
+  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+  model.compile(optimizer="sgd", loss=loss, metrics=metrics)
+  return model
+
+
+def _xy(rows=8):
+  return np.ones((rows, 2), np.float32), np.ones((rows, 1), np.float32)
+
+
+def _fit(**kwargs):
+  x, y = _xy()
+  arguments = dict(y=y, batch_size=8, verbose=0)
+  arguments.update(kwargs)
+  keras_training.KerasTrainer(_tiny_model()).fit(x, **arguments)
+
+
+def _built_trainer():
+  trainer = keras_training.KerasTrainer(_tiny_model())
+  trainer.build(tf.data.Dataset.from_tensors(_xy()))
+  return trainer, tuple(list(part) for part in trainer.state)
+
+
+@case("keras-not-a-keras-model", KERAS, "KerasTrainer of a tf.Module",
+      TypeError, r"`model` must be a Keras 3 `keras.Model`, got "
+      r"tensorflow.*Module")
+def _():
+  keras_training.KerasTrainer(tf.Module())
+
+
+@case("keras-uncompiled", KERAS, "KerasTrainer of a model never compiled",
+      ValueError, r"the model '.*' is not compiled with an optimizer")
+def _():
+  keras_training.KerasTrainer(
+      keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+
+
+@case("keras-x-only-with-loss", KERAS,
+      "fit on a dataset of x alone for a model compiled with a loss",
+      ValueError, r"KerasTrainer.fit: the batches have no targets `y`, but "
+      r"the model was compiled with a loss")
+def _():
+  keras_training.KerasTrainer(_tiny_model()).fit(
+      tf.data.Dataset.from_tensors(_xy()[0]), verbose=0)
+
+
+@case("keras-string-input", KERAS, "fit on string inputs", ValueError,
+      r"x\['text'\] holds strings, which cannot go onto the devices.*"
+      r"StringLookup")
+def _():
+  keras_training.KerasTrainer(_tiny_model()).fit(
+      tf.data.Dataset.from_tensors(({"text": tf.constant([["a"]] * 8)},
+                                    _xy()[1])), verbose=0)
+
+
+@case("keras-sample-weight-shape", KERAS,
+      "sample weights of shape (batch, 3) for targets of shape (batch, 1)",
+      ValueError, r"sample_weight has shape \(8, 3\), which does not fit y of "
+      r"shape \(8, 1\)")
+def _():
+  x, y = _xy()
+  keras_training.KerasTrainer(_tiny_model()).fit(
+      tf.data.Dataset.from_tensors((x, y, np.ones((8, 3), np.float32))),
+      verbose=0)
+
+
+@case("keras-elements-of-4", KERAS, "fit on elements (x, y, w, extra)",
+      ValueError, r"elements must be `x`, `\(x,\)`, `\(x, y\)` or `\(x, y, "
+      r"sample_weight\)`; got a tuple of 4")
+def _():
+  x, y = _xy()
+  keras_training.KerasTrainer(_tiny_model()).fit(
+      tf.data.Dataset.from_tensors((x, y, y[:, 0], y)), verbose=0)
+
+
+@case("keras-dataset-and-y", KERAS, "fit on a dataset, with y too",
+      ValueError, r"with a tf.data.Dataset, give no `y`")
+def _():
+  x, y = _xy()
+  keras_training.KerasTrainer(_tiny_model()).fit(
+      tf.data.Dataset.from_tensors((x, y)), y, verbose=0)
+
+
+@case("keras-arrays-without-batch-size", KERAS, "fit on arrays, no batch_size",
+      ValueError, r"arrays `x` and `y` with the global `batch_size`")
+def _():
+  _fit(batch_size=None)
+
+
+@case("keras-arrays-of-different-lengths", KERAS,
+      "fit on x of 8 rows and y of 6", ValueError,
+      r"the arrays have different numbers of examples \(x: 8, y: 6\)")
+def _():
+  _fit(y=np.ones((6, 1), np.float32))
+
+
+@case("keras-batch-size-zero", KERAS, "fit(batch_size=0)", ValueError,
+      r"`batch_size` must be an int >= 1, got 0")
+def _():
+  _fit(batch_size=0)
+
+
+@case("keras-epochs-string", KERAS, "fit(epochs='3')", ValueError,
+      r"`epochs` must be an int >= 0, got '3'")
+def _():
+  _fit(epochs="3")
+
+
+@case("keras-steps-per-epoch-zero", KERAS, "fit(steps_per_epoch=0)",
+      ValueError, r"`steps_per_epoch` must be an int >= 1 or None, got 0")
+def _():
+  _fit(steps_per_epoch=0)
+
+
+@case("keras-verbose", KERAS, "fit(verbose=3)", ValueError,
+      r"`verbose` must be 'auto', 0, 1 or 2, got 3")
+def _():
+  _fit(verbose=3)
+
+
+@case("keras-callbacks-not-a-list", KERAS, "fit(callbacks=one_callback)",
+      TypeError, r"`callbacks` must be a list of keras.callbacks.Callback, got "
+      r"a History")
+def _():
+  _fit(callbacks=keras.callbacks.History())
+
+
+@case("keras-callback-not-keras", KERAS, "fit(callbacks=[a function])",
+      TypeError, r"callbacks\[0\] is a builtins.function, not a Keras 3")
+def _():
+  _fit(callbacks=[lambda logs: None])
+
+
+@case("keras-remainder", KERAS, "fit(remainder='drop')", ValueError,
+      r"KerasTrainer.fit: `remainder` must be 'error' or 'pad', got 'drop'")
+def _():
+  _fit(remainder="drop")
+
+
+@case("keras-steps-per-epoch-multiple", KERAS,
+      "steps_per_epoch not a multiple of steps_per_execution", ValueError,
+      r"steps_per_epoch=3 must be a multiple of the model's "
+      r"steps_per_execution=2")
+def _():
+  model = _tiny_model()
+  model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+  x, y = _xy()
+  keras_training.KerasTrainer(model).fit(x, y, batch_size=8,
+                                         steps_per_epoch=3, verbose=0)
+
+
+@case("keras-state-before-build", KERAS, "setting state before any fit",
+      ValueError, r"KerasTrainer.state can be set only once the model is "
+      r"built")
+def _():
+  keras_training.KerasTrainer(_tiny_model()).state = ([], [], [], [])
+
+
+@case("keras-state-dtype", KERAS, "a state value of the wrong dtype",
+      TypeError, r"KerasTrainer.state\[0\]\[0\] \('.*kernel'\) must have "
+      r"dtype float32, got float64")
+def _():
+  trainer, state = _built_trainer()
+  trainer.state = ([np.zeros((2, 1))] + state[0][1:],) + state[1:]
+
+
+@case("keras-state-shape", KERAS, "a state value of the wrong shape",
+      ValueError, r"KerasTrainer.state\[0\]\[0\] \('.*kernel'\) must have "
+      r"shape \(2, 1\), got \(3, 1\)")
+def _():
+  trainer, state = _built_trainer()
+  trainer.state = ([np.zeros((3, 1), np.float32)] + state[0][1:],) + state[1:]
+
+
+@case("keras-state-structure", KERAS, "a state of 3 parts", ValueError,
+      r"KerasTrainer.state: expected 4 lists with \[2, 0, 2, 2\] values.*got "
+      r"3 parts")
+def _():
+  trainer, state = _built_trainer()
+  trainer.state = state[:3]
+
+
+@case("device-batches-unbatched", KERAS, "device_batches of an unbatched "
+      "dataset", ValueError, r"element\[1\] of `dataset` is a scalar .* "
+      r"Batch it, e.g. `dataset.batch\(n\)`")
+def _():
+  x, y = _xy()
+  tf_data.device_batches(tf.data.Dataset.from_tensor_slices((x, y[:, 0])))
+
+
+@case("device-batches-sparse", KERAS, "device_batches of sparse elements",
+      ValueError, r"element\[0\] of `dataset` is a sparse tensor .* "
+      r"tf.sparse.to_dense")
+def _():
+  tf_data.device_batches(tf.data.Dataset.from_tensors(
+      (tf.sparse.from_dense(np.eye(8)), np.zeros(8))))
+
+
+@case("device-batches-ragged", KERAS, "device_batches of ragged elements",
+      ValueError, r"element\[0\] of `dataset` is a ragged tensor .*"
+      r"t.to_tensor\(\)")
+def _():
+  tf_data.device_batches(tf.data.Dataset.from_tensors(
+      (tf.ragged.constant([[1.0], [2.0, 3.0]] * 4), np.zeros(8))))
+
+
+@case("device-batches-not-divisible", KERAS,
+      "a global batch of 4 rows on 8 devices", ValueError,
+      r"batch 0 has 4 examples, which does not divide by the 8 devices.*"
+      r"remainder='pad'")
+def _():
+  list(tf_data.device_batches(tf.data.Dataset.from_tensors(np.ones((4, 2)))))
+
+
+@case("device-batches-pad-needs-x-y", KERAS,
+      "remainder='pad' on elements that are not (x, y[, w])", ValueError,
+      r"remainder='pad'\) needs elements `\(x, y\)` or `\(x, y, "
+      r"sample_weight\)`")
+def _():
+  tf_data.device_batches(tf.data.Dataset.from_tensors(np.ones((4, 2))),
+                         remainder="pad")
+
 
 # Mistakes whose errors need several real processes, listed in the doc so
 # that it is the one place to look; tests/test_multiprocess.py raises each.
