@@ -5,8 +5,13 @@
 
 - the model's trainable and non-trainable variables, the optimizer's
   variables and the compiled metrics' variables are the pmap's state, carried
-  as replicated arguments (`in_axes=None`) from call to call and never
-  written to the model's variables while training;
+  as replicated arguments (`in_axes=None`) from call to call within an
+  epoch;
+- the model stays the one place the values live: they go back into its
+  variables at the end of every epoch (before the callbacks' `on_epoch_end`)
+  and are read from it again before the next step, so what callbacks or the
+  user assign (a learning rate, `set_weights`, `load_weights`, restored
+  best weights) is what training and `evaluate` go on from;
 - each global batch is split over the devices (`adapters.tf_data`); each
   device runs Keras' functional step on its rows: `model.stateless_call`
   under a `tf.GradientTape`, the compiled loss (`stateless_compute_loss`),
@@ -17,15 +22,19 @@
   they equal `fit`'s;
 - `model.compile(steps_per_execution=K)` runs K steps per pmap call
   (`pmap(..., steps=K)`), as it runs K steps per call in `fit`;
-- the trained values go back into the model's variables at the end of every
-  epoch (before the callbacks' `on_epoch_end`) and of `fit`.
+- with `remainder='pad'`, a batch that does not divide by the devices is
+  padded with rows that count nowhere: the real rows' sample weights are
+  scaled so that the loss and gradients are those of the unpadded batch,
+  the metrics weigh padding rows 0, and BatchNormalization leaves them out
+  of its batch statistics.
 
-With the default loss reduction (the mean over the batch) and equal
-per-device batches, the mean of the devices' gradients is the gradient of
-the global batch, so the training is `fit`'s up to float rounding.
-Non-trainable variables a step updates (BatchNormalization's moving
-statistics) are averaged over the devices: exact for moving means, close
-for moving variances.
+With the default loss reduction (the mean over the batch), the mean of the
+devices' gradients is the gradient of the global batch, so the training is
+`fit`'s up to float rounding. Non-trainable variables a step updates
+(BatchNormalization's moving statistics) are averaged over the devices,
+each weighted by its real rows: the moving mean is `fit`'s, the moving
+variance the mean of the devices' batch variances (not the global batch's
+variance, since each device normalizes by its own batch statistics).
 """
 
 import contextlib
