@@ -16,29 +16,26 @@ TensorFlow backend:
 Also here: the optimizer's learning-rate variable, whether a loss or
 metrics were compiled, and BatchNormalization's batch moments with padding
 rows left out.
-The suite runs on the Keras versions below; another version is an error
-here, at import, rather than a wrong number later.
+Any Keras that keeps these names where the tested versions
+(`TESTED_KERAS_VERSIONS`, rerun with tests/keras_versions.sh) keep them is
+accepted. One that moved a name is an ImportError naming it and the installed
+version: at import for the private classes and methods, and when a
+`KerasTrainer` is made for the attributes Keras sets on each compiled model
+and its optimizer, rather than an AttributeError or a wrong number in the
+middle of training.
 """
 
 import contextlib
 import functools
+import importlib
 import types
 
 import keras
 import tensorflow as tf
 
-SUPPORTED_KERAS_VERSIONS = ("3.15",)
-
-if not keras.__version__.startswith(SUPPORTED_KERAS_VERSIONS):
-  raise ImportError(
-      f"adapters' Keras training uses private Keras internals tested with "
-      f"Keras {', '.join(SUPPORTED_KERAS_VERSIONS)}, but Keras "
-      f"{keras.__version__} is installed (TensorFlow 2.21 brings Keras 3.15).")
-
-# pylint: disable=g-import-not-at-top,wrong-import-position
-from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-from keras.src.optimizers.base_optimizer import BaseOptimizer
-# pylint: enable=g-import-not-at-top,wrong-import-position
+# The latest patch of each Keras minor TensorFlow 2.21 accepts (keras>=3.12),
+# each passing the adapters' tests.
+TESTED_KERAS_VERSIONS = ("3.12.4", "3.13.2", "3.14.1", "3.15.1")
 
 # The TensorFlow optimizer's versions of these go through tf.distribute and
 # need tf.Variables; BaseOptimizer's work on the tensors of a StatelessScope.
@@ -46,6 +43,99 @@ _BASE_OPTIMIZER_METHODS = (
     "stateless_apply", "assign", "assign_add", "assign_sub",
     "_backend_update_step", "_apply_weight_decay",
     "_backend_increment_gradient_accumulators")
+
+# (module, class, the attributes this module reads or replaces on it).
+PRIVATE_CLASSES = (
+    ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer",
+     ("train_step", "_symbolic_build")),
+    ("keras.src.optimizers.base_optimizer", "BaseOptimizer",
+     _BASE_OPTIMIZER_METHODS + ("_var_key",)),
+    ("keras.src.trainers.compile_utils", "CompileMetrics", ("_flatten_y",)),
+    ("keras.layers", "Layer", ("_flatten_layers",)),
+    ("keras.layers", "BatchNormalization", ("_moments",)),
+)
+
+# Keras sets these on each instance (in the model's or optimizer's `__init__`
+# or in `compile`), so only a compiled model can show whether they exist.
+# (A BatchNormalization's `_reduction_axes` and the compiled metrics'
+# `_flat_metrics` and `_flat_weighted_metrics` exist only in some models, and
+# are read only where they do.)
+MODEL_ATTRIBUTES = ("_loss_tracker", "_losses_override",
+                    "_call_has_training_arg", "_seed_generators",
+                    "_compile_loss", "_compile_metrics")
+OPTIMIZER_ATTRIBUTES = ("_trainable_variables", "_learning_rate")
+
+
+def unsupported_keras_error(missing_names):
+  """The error for private Keras names the installed Keras does not have."""
+  return ImportError(
+      f"adapters' Keras training needs private Keras names that the "
+      f"installed Keras {keras.__version__} does not have (moved or removed): "
+      f"{', '.join(missing_names)}. adapters is tested with Keras "
+      f"{', '.join(TESTED_KERAS_VERSIONS)}: install one of those, or adapt "
+      f"adapters/_keras_internal.py to this version.")
+
+
+def import_private_classes(private_classes=PRIVATE_CLASSES):
+  """Imports each private class and checks it has the attributes used.
+
+  Args:
+    private_classes: `(module, class, attributes)` triples.
+
+  Returns:
+    A dict from each class's name to the class.
+
+  Raises:
+    ImportError: Naming every module, class or attribute that is missing and
+      the installed Keras version.
+    ModuleNotFoundError: If a module exists but something it imports does not.
+  """
+  classes, missing = {}, []
+  for module_name, class_name, attributes in private_classes:
+    try:
+      module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+      # Only the module itself (or a package above it) missing means Keras
+      # moved it; a dependency it fails to import is a different problem.
+      if not (module_name + ".").startswith(f"{error.name}."):
+        raise
+      missing.append(module_name)
+      continue
+    cls = getattr(module, class_name, None)
+    if cls is None:
+      missing.append(f"{module_name}.{class_name}")
+      continue
+    missing.extend(f"{module_name}.{class_name}.{attribute}"
+                   for attribute in attributes if not hasattr(cls, attribute))
+    classes[class_name] = cls
+  if missing:
+    raise unsupported_keras_error(missing)
+  return classes
+
+
+def check_instance_attributes(model):
+  """Checks a compiled model and its optimizer have the private attributes used.
+
+  Args:
+    model: A compiled Keras model.
+
+  Raises:
+    ImportError: Naming every attribute that is missing and the installed
+      Keras version.
+  """
+  missing = [f"{owner_name}.{attribute}"
+             for owner, owner_name, attributes in (
+                 (model, "keras.Model", MODEL_ATTRIBUTES),
+                 (model.optimizer, "keras.optimizers.Optimizer",
+                  OPTIMIZER_ATTRIBUTES))
+             for attribute in attributes if not hasattr(owner, attribute)]
+  if missing:
+    raise unsupported_keras_error(missing)
+
+
+_PRIVATE = import_private_classes()
+TensorFlowTrainer = _PRIVATE["TensorFlowTrainer"]
+BaseOptimizer = _PRIVATE["BaseOptimizer"]
 
 
 def seed_state_positions(model):

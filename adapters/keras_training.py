@@ -85,6 +85,8 @@ class KerasTrainer:
     Raises:
       TypeError: If `model` is not a Keras 3 model.
       ValueError: If it is not compiled, or replaces `train_step`.
+      ImportError: If the installed Keras keeps a private attribute the
+        adapters use elsewhere than the tested versions do.
     """
     if not isinstance(model, keras.Model):
       raise TypeError(
@@ -96,6 +98,7 @@ class KerasTrainer:
           f"KerasTrainer: the model {model.name!r} is not compiled with an "
           f"optimizer; call model.compile(optimizer=..., loss=..., "
           f"metrics=...) first, as for model.fit.")
+    _keras_internal.check_instance_attributes(model)
     if _keras_internal.overrides_train_step(model):
       raise ValueError(
           f"KerasTrainer: {type(model).__name__} overrides train_step, which "
