@@ -412,6 +412,16 @@ def _():
       np.zeros((2, 3)), np.array([1., 1., 2.]))
 
 
+@case("data-dependent-shape-inside", OUTPUTS,
+      "tf.boolean_mask with the same mask on every device, then a sum",
+      ValueError, r"makes a tensor whose size depends on the data: the op "
+      r"Where \(boolean_mask/Where\) gives shape \(None, 1\).*keep the full "
+      r"size and mask instead")
+def _():
+  P(lambda x, m: tf.reduce_sum(tf.boolean_mask(x, m)), in_axes=(0, None))(
+      np.ones((2, 3)), np.array([True, False, True]))
+
+
 @case("sharded-array-captured", OUTPUTS,
       "a ShardedArray captured by closure inside the mapped function",
       TypeError, r"A ShardedArray \(shape \[2\], float64\) is used while a "

@@ -14,6 +14,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src import axis_env
+from tfspmd._src import control_flow
 from tfspmd._src import devices as devices_lib
 from tfspmd._src import dtensor_settings
 from tfspmd._src import mesh as mesh_lib
@@ -148,6 +149,7 @@ def _trace(options, call, shapes, dtypes):
            for shape, dtype in zip(shapes, dtypes)]
   concrete = function.get_concrete_function(*specs)
   new_axis.check_program(concrete.outputs, options.axis_name)
+  _check_no_data_dependent_shapes(concrete.graph, options.axis_name)
   mesh_key = built["mesh_key"]
   input_placements = []
   for leaf, (shape, axis) in enumerate(zip(shapes, axes)):
@@ -190,6 +192,40 @@ def _check_static_shapes(result):
           f"as tf.unique, tf.boolean_mask or tf.where); DTensor lays out only "
           f"static shapes. Return a fixed-size result: pad it to its largest "
           f"size, with its length (or a mask) as another output.")
+
+
+# Ops whose outputs have no static shape by design: py functions until the
+# user says it (tf.ensure_shape, which the outputs' own check asks for), and
+# the inputs of loop bodies and conditions, which TensorFlow may relax.
+_SHAPELESS_BY_DESIGN = frozenset(("EagerPyFunc", "PyFunc", "PyFuncStateless",
+                                  "Placeholder"))
+
+
+def _check_no_data_dependent_shapes(graph, axis_name):
+  """Raises for an op whose output size depends on the data (tf.unique).
+
+  Every input of the program has a static shape, so a tensor of unknown
+  size comes from such an op; DTensor mis-expands it (wrong values, or a
+  crash of the process, TF 2.21), as it lays out only static shapes.
+  """
+  def data_dependent(operation):
+    return operation.type not in _SHAPELESS_BY_DESIGN and any(
+        output.dtype not in (tf.resource, tf.variant) and
+        not output.shape.is_fully_defined() for output in operation.outputs)
+
+  found = control_flow.find_operation(graph.get_operations(), data_dependent)
+  if found is not None:
+    shape = next(o.shape for o in found.outputs if not o.shape.is_fully_defined())
+    # The user's name for it, without what the vectorizer appended.
+    name = found.name.split("/pfor/")[0]
+    raise ValueError(
+        f"the function mapped over axis {axis_name!r} makes a tensor whose "
+        f"size depends on the data: the op {found.type} ({name}) gives "
+        f"shape {shape}, as tf.unique, tf.boolean_mask, tf.where(condition) "
+        f"or a slice with a computed end do. A pmap's program needs static "
+        f"shapes, as under jax.pmap: keep the full size and mask instead "
+        f"(tf.where(condition, x, 0), a weight of 0, a one-hot sum), or pad "
+        f"to a fixed size.")
 
 
 def _relayout(value, layout):
