@@ -174,6 +174,45 @@ def never_joined():
   return {"error": None}
 
 
+def initialize_error():
+  """Reports the error `initialize` raises, and how long it took."""
+  start = time.monotonic()
+  try:
+    _initialize()
+  except (ValueError, OSError, TimeoutError) as e:
+    return {"error": type(e).__name__, "message": str(e),
+            "seconds": time.monotonic() - start}
+  return {"error": None}
+
+
+def disagreeing_sizes():
+  """Process 0 passes 2 rows to a psum, process 1 one row."""
+  _initialize()
+  rows = 2 if tfspmd.process_index() == 0 else 1
+  try:
+    out = tfspmd.pmap(lambda v: lax.psum(v, "i"), axis_name="i")(
+        np.ones((rows, 3), np.float32))
+    value = np.asarray(out).tolist()
+  except (ValueError, RuntimeError) as e:
+    return {"error": type(e).__name__, "message": str(e)}
+  return {"error": None, "value": value}
+
+
+def finishes_early():
+  """Process 1 finishes its program without the psum process 0 calls."""
+  _initialize()
+  if tfspmd.process_index() == 1:
+    return {"finished": True}
+  start = time.monotonic()
+  try:
+    out = tfspmd.pmap(lambda x: lax.psum(x, "i"), axis_name="i")(tf.ones(2))
+    value = np.asarray(out).tolist()
+  except tfspmd.distributed.PeerFailedError as e:
+    return {"error": type(e).__name__, "message": str(e),
+            "seconds": time.monotonic() - start}
+  return {"error": None, "value": value}
+
+
 def gpu_pair():
   """Two processes on one host, one GPU each (`local_device_ids`)."""
   me = int(os.environ["DTENSOR_CLIENT_ID"])
@@ -203,5 +242,8 @@ if __name__ == "__main__":
             "inner_across_processes": inner_across_processes,
             "dead_peer": dead_peer,
             "never_joined": never_joined, "gpu_pair": gpu_pair,
+            "initialize_error": initialize_error,
+            "disagreeing_sizes": disagreeing_sizes,
+            "finishes_early": finishes_early,
             "without_initialize": without_initialize}[sys.argv[1]]()
   print(json.dumps(result), flush=True)

@@ -9,16 +9,19 @@ passes or not.
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
 import pytest
 
 import tfspmd
+from tfspmd._src import rendezvous
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "multiprocess_worker.py")
@@ -238,6 +241,135 @@ def test_a_coordinator_that_never_answers_is_named():
       f"tfspmd.distributed.initialize: process 1 could not reach the "
       f"coordinator (process 0) at localhost:{port} within 4 s")
   assert follower["seconds"] < 4 + 5
+
+
+def _exchange(port, members):
+  """Runs the coordinator exchange of `members` in threads; their outcomes.
+
+  The exchange is plain TCP before TensorFlow starts, so threads of this
+  process stand for the processes (seconds faster than starting them).
+
+  Args:
+    port: The coordinator's port.
+    members: One `(num_processes, process_id)` per participant.
+
+  Returns:
+    Per member, its list of addresses or the exception it raised.
+  """
+  outcomes = [None] * len(members)
+
+  def join(k, num_processes, process_id):
+    try:
+      outcomes[k] = rendezvous.exchange_addresses(
+          f"localhost:{port}", num_processes, process_id, 30)
+    except (ValueError, OSError) as e:  # TimeoutError is an OSError
+      outcomes[k] = e
+
+  threads = [threading.Thread(target=join, args=(k, *member))
+             for k, member in enumerate(members)]
+  for thread in threads:
+    thread.start()
+    time.sleep(0.2)  # process 0 listens first, as it would in time
+  for thread in threads:
+    thread.join(timeout=60)
+  return outcomes
+
+
+def test_processes_that_disagree_on_num_processes_all_fail_at_once():
+  port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
+  start = time.monotonic()
+  outcomes = _exchange(port, [(2, 0), (3, 1)])
+  assert time.monotonic() - start < 10  # not the 30 s timeout
+  for outcome in outcomes:
+    assert type(outcome) is ValueError  # pylint: disable=unidiomatic-typecheck
+    assert str(outcome) == (
+        "tfspmd.distributed.initialize: process 1 was started with "
+        "num_processes=3, the coordinator (process 0) with num_processes=2; "
+        "give every process the same num_processes.")
+
+
+def test_two_processes_with_one_process_id_all_fail_at_once():
+  port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
+  start = time.monotonic()
+  outcomes = _exchange(port, [(3, 0), (3, 1), (3, 1)])
+  assert time.monotonic() - start < 10
+  for outcome in outcomes:
+    assert type(outcome) is ValueError  # pylint: disable=unidiomatic-typecheck
+    assert str(outcome) == (
+        "tfspmd.distributed.initialize: two processes registered as process "
+        "1; give each process its own process_id (0..2).")
+
+
+def test_a_second_process_0_is_told_the_coordinator_port_is_taken():
+  with socket.socket() as first:
+    first.bind(("", 0))
+    first.listen(1)
+    (outcome,) = _exchange(first.getsockname()[1], [(2, 0)])
+  assert type(outcome) is OSError  # pylint: disable=unidiomatic-typecheck
+  assert "process 0 cannot listen on the coordinator's port" in str(outcome)
+  assert "another process was also started with process_id=0" in str(outcome)
+
+
+@pytest.fixture(scope="module")
+def disagreeing_programs():
+  """Joined processes that disagree, started at once.
+
+  A pair of 2 and 1 devices; a pair passing 2 and 1 rows to one psum; a
+  pair whose process 1 finishes without the psum process 0 calls (with a
+  12 s initialization_timeout, which bounds TensorFlow's shutdown barrier).
+  """
+  counts, sizes, early = (_free_addresses(2) for _ in range(3))
+  quick = {"WORKER_INIT_TIMEOUT": "12"}
+  reports = _run(
+      [("initialize_error", 0, counts),
+       ("initialize_error", 1, counts, {"TFSPMD_NUM_CPU_DEVICES": "1"}),
+       ("disagreeing_sizes", 0, sizes), ("disagreeing_sizes", 1, sizes),
+       ("finishes_early", 0, early, quick),
+       ("finishes_early", 1, early, quick)],
+      devices=2)
+  return reports[:2], reports[2:4], reports[4:], early
+
+
+def test_processes_with_other_device_counts_fail_in_initialize(
+    disagreeing_programs):
+  counts, _, _, _ = disagreeing_programs
+  for report in counts:
+    assert report["error"] == "ValueError"
+    assert report["message"] == (
+        "tfspmd.distributed.initialize: the processes have different numbers "
+        "of CPU devices: process 0 has 2, process 1 has 1. A pmap maps over "
+        "as many devices in every process: give the same "
+        "TFSPMD_NUM_CPU_DEVICES in every process's environment (or "
+        "tfspmd.set_num_cpu_devices), and restart every process.")
+
+
+def test_processes_passing_other_mapped_sizes_get_a_value_error(
+    disagreeing_programs):
+  _, sizes, _, _ = disagreeing_programs
+  for report in sizes:
+    if report["error"] == "RuntimeError":  # cancelled by the other's error
+      assert "was cancelled: a collective of it failed in another process" in (
+          report["message"])
+      continue
+    assert report["error"] == "ValueError"
+    # Which process's size TensorFlow names first depends on who came first.
+    assert re.match(
+        r"The processes disagree on this pmapped call: one process's call "
+        r"spans (4 devices, another's 2|2 devices, another's 4) \(different "
+        r"mapped sizes, devices= lists or device counts\)\.",
+        report["message"]), report["message"]
+  assert "ValueError" in [r["error"] for r in sizes]
+
+
+def test_a_process_that_finishes_without_a_pmap_fails_the_others(
+    disagreeing_programs):
+  _, _, (waiting, finished), early = disagreeing_programs
+  assert finished["finished"]
+  assert waiting["error"] == "PeerFailedError"
+  assert waiting["message"].startswith(
+      f"process 1 ({early[1]}) finished its program while process 0 waited "
+      f"on it in a collective: it never called this pmap.")
+  assert waiting["seconds"] < 12 + 15
 
 
 # --- four processes x 2 devices: nested pmaps -----------------------------

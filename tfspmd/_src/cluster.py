@@ -103,7 +103,13 @@ def resolve(coordinator_address=None, num_processes=None, process_id=None,
     return Cluster(addresses=("localhost",),
                    process_id=0, job_name="localhost", source="one process")
   for address in addresses:
-    _check_address(address, source)
+    split_address(address, f"every process address (from {source})")
+  repeated = sorted({a for a in addresses if addresses.count(a) > 1})
+  if repeated:
+    # Two processes cannot serve on one port; one would never join.
+    raise ValueError(
+        f"tfspmd.distributed.initialize: {source} lists {repeated} more than "
+        f"once: {list(addresses)}. Give every process its own 'host:port'.")
   if coordinator_address is not None and coordinator_address != addresses[0]:
     raise ValueError(
         f"tfspmd.distributed.initialize: coordinator_address="
@@ -182,12 +188,41 @@ def process_id_of(process_id, count, source, on_tpu, environ):
   return process_id
 
 
-def _check_address(address, source):
+def split_address(address, what):
+  """`(host, port)` of a `'host:port'` string, or the error naming `what`.
+
+  Checked before any process waits on the address: a URL, a missing port or
+  one out of range would otherwise only show as a process that never joins,
+  after the whole `initialization_timeout`.
+
+  Args:
+    address: The address as given.
+    what: Which argument or variable it came from, for the message.
+
+  Returns:
+    `(host, port)`, the port an int.
+
+  Raises:
+    TypeError: If `address` is not a str.
+    ValueError: If it is not `host:port` with a port in 1..65535.
+
+  Example:
+    >>> split_address("10.0.0.1:1234", "coordinator_address")
+    ('10.0.0.1', 1234)
+  """
+  if not isinstance(address, str):
+    raise TypeError(
+        f"tfspmd.distributed.initialize: {what} must be a 'host:port' "
+        f"string, got {type(address).__name__} {address!r}, such as "
+        f"'host0:1234'.")
   host, _, port = address.rpartition(":")
-  if not host or not port.isdigit():
+  if (not host or "/" in host or not port.isdigit() or
+      not 0 < int(port) < 65536):
     raise ValueError(
-        f"tfspmd.distributed.initialize: every process address must be "
-        f"'host:port', got {address!r} (from {source}).")
+        f"tfspmd.distributed.initialize: {what} must be 'host:port', got "
+        f"{address!r}: a host name or IP address, ':', and a port in "
+        f"1..65535, with no scheme (such as 'host0:1234').")
+  return host, int(port)
 
 
 def _tpu_hostnames(environ):

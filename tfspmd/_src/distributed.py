@@ -16,12 +16,16 @@ Faults, as TensorFlow's runtime reports them (TF 2.21, checked on localhost):
     frozen): the coordination service misses its heartbeats for
     `heartbeat_timeout` and aborts every collective waiting on it;
 the last two raise `PeerFailedError` from the pmapped call or where its
-results are read. A process that is alive but never reaches the collective
-(a program that calls its pmaps in another order) is not detected: it
-waits, as in JAX.
+results are read, as does a process that finishes its program while another
+waits on it in a collective. Processes that pass one pmap different mapped
+sizes, shapes or dtypes get a `ValueError` saying which. A process that is
+alive but never reaches the collective waits, as in JAX; pmaps called in
+another order whose collectives happen to match are not detected.
 """
 
+import collections
 import contextlib
+import math
 import os
 import re
 import threading
@@ -129,11 +133,17 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
           f"{_cluster.num_processes}); call it once.")
     for name, value in (("initialization_timeout", initialization_timeout),
                         ("heartbeat_timeout", heartbeat_timeout)):
+      # Not infinite: every wait must end, and TensorFlow takes milliseconds
+      # as an int.
       if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-          value <= 0):
+          not 0 < value < math.inf):
         raise ValueError(
-            f"tfspmd.distributed.initialize: `{name}` must be a positive "
-            f"number of seconds, got {value!r}.")
+            f"tfspmd.distributed.initialize: `{name}` must be a positive, "
+            f"finite number of seconds, got {value!r}.")
+    if num_processes is not None:
+      _check_num_processes(num_processes)
+    if coordinator_address is not None:
+      cluster_lib.split_address(coordinator_address, "coordinator_address")
     platform = devices_lib.resolve_backend(backend)
     if process_addresses is None and not os.environ.get(cluster_lib.JOBS_ENV):
       if (coordinator_address is None and num_processes is None and
@@ -142,7 +152,9 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
         if launched is not None:
           coordinator_address, num_processes, process_id, _ = launched
       if coordinator_address is not None and num_processes not in (None, 1):
-        process_id = _exchange_arguments(num_processes, process_id)
+        process_id = cluster_lib.process_id_of(
+            process_id, num_processes, f"num_processes={num_processes}",
+            False, os.environ)
         _check_devices_not_started()
         process_addresses = rendezvous.exchange_addresses(
             coordinator_address, num_processes, process_id,
@@ -178,19 +190,49 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as e:
       raise TimeoutError(_join_timeout_message(
           cluster, str(e), initialization_timeout)) from e
+    if cluster.num_processes > 1:
+      _check_same_device_counts(cluster, platform)
     _cluster = cluster
 
 
-def _exchange_arguments(num_processes, process_id):
-  """This process's index, once the coordinator's arguments are checked."""
-  if isinstance(num_processes, bool) or not isinstance(num_processes, int) or (
-      num_processes < 1):
+def _check_num_processes(num_processes):
+  if isinstance(num_processes, bool) or not isinstance(num_processes, int):
+    raise TypeError(
+        f"tfspmd.distributed.initialize: `num_processes` must be an int, got "
+        f"{type(num_processes).__name__} {num_processes!r}; write "
+        f"num_processes=int(...) if it comes from a string.")
+  if num_processes < 1:
     raise ValueError(
         f"tfspmd.distributed.initialize: `num_processes` must be a positive "
         f"int, got {num_processes!r}.")
-  return cluster_lib.process_id_of(
-      process_id, num_processes, f"num_processes={num_processes}", False,
-      os.environ)
+
+
+def _check_same_device_counts(cluster, platform):
+  """Raises unless every process has as many devices of `platform`.
+
+  A pmap maps over as many devices in every process (DTensor's meshes and
+  `tfspmd.devices()` number them process by process); with other counts the
+  first collective would fail inside TensorFlow, naming group sizes. Once
+  joined, TensorFlow lists every process's devices, so no exchange is needed.
+  """
+  per_process = collections.Counter(
+      tf.DeviceSpec.from_string(device.name).task
+      for device in tf.config.list_logical_devices(platform.upper()))
+  counts = [per_process.get(p, 0) for p in range(cluster.num_processes)]
+  if len(set(counts)) == 1:
+    return
+  listed = ", ".join(f"process {p} has {n}" for p, n in enumerate(counts))
+  how = {
+      "cpu": f"the same {devices_lib.NUM_CPU_DEVICES_ENV} in every "
+             f"process's environment (or tfspmd.set_num_cpu_devices)",
+      "gpu": "as many GPUs to every process (local_device_ids or "
+             "CUDA_VISIBLE_DEVICES)",
+      "tpu": "every host of the slice its chips",
+  }[platform]
+  raise ValueError(
+      f"tfspmd.distributed.initialize: the processes have different numbers "
+      f"of {platform.upper()} devices: {listed}. A pmap maps over as many "
+      f"devices in every process: give {how}, and restart every process.")
 
 
 def _check_devices_not_started():
@@ -259,10 +301,10 @@ def _join_timeout_message(cluster, message, timeout):
 
 @contextlib.contextmanager
 def peer_failures():
-  """Turns a lost peer's TensorFlow error inside the block into `PeerFailedError`.
+  """Turns a multi-process TensorFlow error inside the block into a clear one.
 
   A multi-process call returns before its collectives finish, so the error
-  can surface where its results are read.
+  can surface where its results are read (see `raise_peer_failure`).
   """
   try:
     yield
@@ -272,25 +314,90 @@ def peer_failures():
 
 
 def raise_peer_failure(error):
-  """Raises `PeerFailedError` if the TensorFlow `error` is a lost peer's.
+  """Raises the clear error for a TensorFlow `error` of a multi-process run.
 
-  That is an `UnavailableError` or `DeadlineExceededError` of a
-  multi-process run. Returns otherwise, for the caller to handle `error`.
+  `PeerFailedError` for a lost peer (an `UnavailableError` or
+  `DeadlineExceededError`) or one that finished its program while this one
+  waited on it; `ValueError` for processes that called one pmap with
+  different mapped sizes, shapes or dtypes, or different pmaps, which
+  TensorFlow reports in terms of collective groups and instances; and
+  `RuntimeError` for a call cancelled because such an error came first in
+  another process. Returns otherwise, for the caller to handle `error`.
   """
-  if (_cluster is None or _cluster.num_processes == 1 or not isinstance(
-      error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError))):
+  if (_cluster is None or _cluster.num_processes == 1 or
+      not isinstance(error, tf.errors.OpError)):
     return
   message = str(error)
+  restart = ("This process's collective runtime is aborted: restart every "
+             "process.")
+  said = f"TensorFlow said: {type(error).__name__}: {_first_line(message)}"
+  disagreement = _disagreement(message)
+  if disagreement:
+    raise ValueError(
+        f"The processes disagree on this pmapped call: {disagreement}. Every "
+        f"process must call the same pmaps in the same order, each passing "
+        f"its own part of the mapped axis with the same size, per-device "
+        f"shapes and dtypes as the others (docs/multiprocess.md). {restart} "
+        f"{said}") from error
+  if isinstance(error, tf.errors.CancelledError):
+    raise RuntimeError(
+        f"Process {_cluster.process_id}'s part of this pmapped call was "
+        f"cancelled: a collective of it failed in another process first "
+        f"(its error says why; most often the processes passed different "
+        f"mapped sizes, shapes or dtypes, or called different pmaps). "
+        f"{restart} {said}") from error
+  finished = "Shutdown barrier has failed" in message
+  if not finished and not isinstance(
+      error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
+    return
   failed = _tasks_named(message, _cluster)
   if not failed and "CoordinationService/Heartbeat" in message:
     failed = [0]  # The coordinator, which receives the heartbeats, is gone.
   who = _cluster.describe(failed) if failed else "a peer process"
+  if finished:
+    raise PeerFailedError(
+        f"{who} finished its program while process {_cluster.process_id} "
+        f"waited on it in a collective: it never called this pmap. Every "
+        f"process must call the same pmaps in the same order. {restart} "
+        f"{said}") from error
   raise PeerFailedError(
       f"{who} exited or stopped answering while process "
-      f"{_cluster.process_id} waited on it in a collective. This "
-      f"process's collective runtime is aborted: restart every process. "
-      f"TensorFlow said: {type(error).__name__}: {_first_line(message)}"
-  ) from error
+      f"{_cluster.process_id} waited on it in a collective. {restart} "
+      f"{said}") from error
+
+
+def _disagreement(message):
+  """How processes differed, from TensorFlow's collective `message`, or None."""
+  sizes = re.search(r"joining a group with size ?(\d+), but that group has "
+                    r"size ?(\d+)", message)
+  if sizes:
+    return (f"one process's call spans {sizes.group(1)} devices, another's "
+            f"{sizes.group(2)} (different mapped sizes, devices= lists or "
+            f"device counts)")
+  shapes = re.search(r"expected shape (\[[^\]]*\]) but another member in "
+                     r"the group expected shape (\[[^\]]*\])", message)
+  if shapes:
+    return (f"a collective's per-device shape is {shapes.group(1)} in one "
+            f"process and {shapes.group(2)} in another (different argument "
+            f"shapes)")
+  kinds = re.search(r"expected type (\d+) and data_type (\d+) but got type "
+                    r"(\d+) and data_type (\d+)", message)
+  if kinds:
+    expected_kind, expected, got_kind, got = (int(k) for k in kinds.groups())
+    if expected_kind != got_kind:
+      return ("the processes ran different collectives at one point (they "
+              "called different pmaps, or in another order)")
+    return (f"a collective's dtype differs between processes "
+            f"({_dtype_name(expected)} in one, {_dtype_name(got)} in another, "
+            f"as the collective runs them: different argument dtypes)")
+  return None
+
+
+def _dtype_name(enum):
+  try:
+    return tf.dtypes.as_dtype(enum).name
+  except TypeError:
+    return f"TensorFlow DataType {enum}"
 
 
 def _first_line(message):

@@ -11,13 +11,17 @@ not the coordinator's own port can be chosen twice.
 
 Messages are single lines of JSON over TCP. Everything is bounded by one
 deadline: a process that never registers is named by process 0, and a
-coordinator that never answers by the others.
+coordinator that never answers by the others. Processes that disagree (on
+the number of processes, or two with one index) fail at once, all of them:
+waiting would only end in a timeout that names the wrong process.
 """
 
 import contextlib
 import json
 import socket
 import time
+
+from tfspmd._src import cluster as cluster_lib
 
 _RETRY_SECONDS = 0.2
 
@@ -39,22 +43,18 @@ def exchange_addresses(coordinator_address, num_processes, process_id,
   Raises:
     TimeoutError: Naming the processes that did not register (process 0),
       or the coordinator that did not answer (the others).
+    ValueError: In every process registered so far, if one registers with
+      another `num_processes`, an index out of range or one already taken.
+    OSError: In process 0, if the coordinator's port is taken.
   """
-  host, port = _split(coordinator_address)
+  host, port = cluster_lib.split_address(coordinator_address,
+                                         "coordinator_address")
   deadline = time.monotonic() + timeout
   with _reserved_port() as own_port:
     if process_id == 0:
       return _collect(host, port, own_port, num_processes, deadline, timeout)
-    return _register(host, port, own_port, process_id, deadline, timeout)
-
-
-def _split(address):
-  host, _, port = address.rpartition(":")
-  if not host or not port.isdigit():
-    raise ValueError(
-        f"tfspmd.distributed.initialize: coordinator_address must be "
-        f"'host:port', got {address!r}.")
-  return host, int(port)
+    return _register(host, port, own_port, process_id, num_processes,
+                   deadline, timeout)
 
 
 @contextlib.contextmanager
@@ -74,7 +74,16 @@ def _collect(host, port, own_port, count, deadline, timeout):
   server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   members = {}  # process id -> (connection, "host:port")
   try:
-    server.bind(("", port))
+    try:
+      server.bind(("", port))
+    except OSError as e:
+      raise OSError(
+          e.errno,
+          f"tfspmd.distributed.initialize: process 0 cannot listen on the "
+          f"coordinator's port {port} ({e.strerror}): another program uses "
+          f"it, or another process was also started with process_id=0. Give "
+          f"each process its own process_id, or pick a free port for "
+          f"coordinator_address.") from None
     server.listen(count)
     while len(members) < count - 1:
       left = deadline - time.monotonic()
@@ -102,7 +111,10 @@ def _collect(host, port, own_port, count, deadline, timeout):
       if problem:
         _send(connection, {"error": problem, "timeout": False})
         connection.close()
-        continue
+        if not isinstance(hello, dict) or "num_processes" not in hello:
+          continue  # Not a tfspmd process: no reason to stop the others.
+        _send_all(members, {"error": problem, "timeout": False})
+        raise ValueError(problem)
       members[hello["process_id"]] = (
           connection, f"{hello.get('host') or peer[0]}:{hello['port']}")
     addresses = [f"{host}:{own_port}"] + [members[k][1]
@@ -116,7 +128,13 @@ def _collect(host, port, own_port, count, deadline, timeout):
 
 
 def _check_hello(hello, count, members):
+  """What is wrong with a registration, or None."""
   process_id = hello.get("process_id") if isinstance(hello, dict) else None
+  if isinstance(hello, dict) and hello.get("num_processes") != count:
+    return (f"tfspmd.distributed.initialize: process {process_id!r} was "
+            f"started with num_processes={hello.get('num_processes')!r}, "
+            f"the coordinator (process 0) with num_processes={count}; give "
+            f"every process the same num_processes.")
   if (not isinstance(process_id, int) or not 0 < process_id < count or
       not isinstance(hello.get("port"), int)):
     return (f"tfspmd.distributed.initialize: a process registered as "
@@ -124,11 +142,12 @@ def _check_hello(hello, count, members):
             f"{count - 1} (num_processes={count}).")
   if process_id in members:
     return (f"tfspmd.distributed.initialize: two processes registered as "
-            f"process {process_id}; give each process its own process_id.")
+            f"process {process_id}; give each process its own process_id "
+            f"(0..{count - 1}).")
   return None
 
 
-def _register(host, port, own_port, process_id, deadline, timeout):
+def _register(host, port, own_port, process_id, count, deadline, timeout):
   """Processes 1..n-1: register with the coordinator, wait for the list."""
   while True:
     try:
@@ -148,8 +167,8 @@ def _register(host, port, own_port, process_id, deadline, timeout):
     own_host = connection.getsockname()[0]
     try:
       connection.settimeout(max(deadline - time.monotonic(), 0.1))
-      _send(connection, {"process_id": process_id, "host": own_host,
-                         "port": own_port})
+      _send(connection, {"process_id": process_id, "num_processes": count,
+                         "host": own_host, "port": own_port})
       reply = _receive(connection)
     except (OSError, ValueError):
       raise TimeoutError(
