@@ -980,8 +980,8 @@ def _():
 
 
 @case("initialize-timeout", PROCESSES, "initialize(initialization_timeout=0)",
-      ValueError, r"`initialization_timeout` must be a positive number of "
-      r"seconds, got 0")
+      ValueError, r"`initialization_timeout` must be a positive, finite "
+      r"number of seconds, got 0")
 def _():
   INIT(initialization_timeout=0)
 
@@ -991,6 +991,79 @@ def _():
       r"`local_device_ids` picks physical GPUs, but the platform is 'cpu'")
 def _():
   INIT(local_device_ids=[0], backend="cpu")
+
+
+@case("initialize-coordinator-not-a-string", PROCESSES,
+      "initialize(coordinator_address=('localhost', 1234))", TypeError,
+      r"coordinator_address must be a 'host:port' string, got tuple "
+      r"\('localhost', 1234\), such as 'host0:1234'")
+def _():
+  INIT(coordinator_address=("localhost", 1234), num_processes=2, process_id=1)
+
+
+@case("initialize-coordinator-url", PROCESSES,
+      "initialize(coordinator_address='http://host0:1234')", ValueError,
+      r"coordinator_address must be 'host:port', got 'http://host0:1234': a "
+      r"host name or IP address, ':', and a port in 1\.\.65535, with no "
+      r"scheme")
+def _():
+  INIT(coordinator_address="http://host0:1234", num_processes=2, process_id=1)
+
+
+@case("initialize-coordinator-port-range", PROCESSES,
+      "initialize(coordinator_address='localhost:70000')", ValueError,
+      r"coordinator_address must be 'host:port', got 'localhost:70000': .*a "
+      r"port in 1\.\.65535")
+def _():
+  INIT(coordinator_address="localhost:70000", num_processes=2, process_id=1)
+
+
+@case("initialize-num-processes-string", PROCESSES,
+      "initialize(num_processes='2'), read from the environment as a string",
+      TypeError, r"`num_processes` must be an int, got str '2'; write "
+      r"num_processes=int\(\.\.\.\)")
+def _():
+  INIT(coordinator_address="localhost:1234", num_processes="2", process_id=1)
+
+
+@case("initialize-num-processes-zero", PROCESSES,
+      "initialize(num_processes=0)", ValueError,
+      r"`num_processes` must be a positive int, got 0")
+def _():
+  INIT(num_processes=0)
+
+
+@case("initialize-process-id-string", PROCESSES,
+      "initialize(process_id='1')", TypeError,
+      r"`process_id` must be an int, got str '1'")
+def _():
+  INIT(coordinator_address="localhost:1234", num_processes=2, process_id="1")
+
+
+@case("initialize-timeout-infinite", PROCESSES,
+      "initialize(initialization_timeout=float('inf'))", ValueError,
+      r"`initialization_timeout` must be a positive, finite number of "
+      r"seconds, got inf")
+def _():
+  INIT(initialization_timeout=float("inf"))
+
+
+@case("initialize-address-not-a-string", PROCESSES,
+      "initialize(process_addresses=[('localhost', 9000), ...])", TypeError,
+      r"every process address \(from process_addresses\) must be a "
+      r"'host:port' string, got tuple \('localhost', 9000\)")
+def _():
+  INIT(process_addresses=[("localhost", 9000), ("localhost", 9001)],
+       process_id=0)
+
+
+@case("initialize-addresses-repeated", PROCESSES,
+      "one address twice in process_addresses", ValueError,
+      r"process_addresses lists \['localhost:9000'\] more than once: "
+      r"\['localhost:9000', 'localhost:9000'\]\. Give every process its own "
+      r"'host:port'")
+def _():
+  INIT(process_addresses=["localhost:9000", "localhost:9000"], process_id=0)
 
 # --- adapters: checkpoints ---------------------------------------------------
 
@@ -1374,6 +1447,33 @@ PLACEHOLDERS = [
      "names 2 processes, but the multi-process runtime was not started: call "
      "tfspmd.distributed.initialize() first thing in every process, before "
      "any TensorFlow op."),
+    (PROCESSES, "processes started with different num_processes, or two "
+     "with one process_id", "ValueError in every process at once, from the "
+     "coordinator exchange: \"process 1 was started with num_processes=3, "
+     "the coordinator (process 0) with num_processes=2; give every process "
+     "the same num_processes.\" / \"two processes registered as process 1; "
+     "give each process its own process_id (0..2).\"; a second process 0 "
+     "gets OSError: it cannot listen on the coordinator's port"),
+    (PROCESSES, "processes with different numbers of devices (another "
+     "TFSPMD_NUM_CPU_DEVICES)", "ValueError from initialize() in every "
+     "process: \"the processes have different numbers of CPU devices: "
+     "process 0 has 2, process 1 has 1. ...\""),
+    (PROCESSES, "processes passing one pmap different mapped sizes, "
+     "per-device shapes or dtypes", "ValueError at the call or at the read "
+     "of its result: \"The processes disagree on this pmapped call: one "
+     "process's call spans 4 devices, another's 2 ...\" (or the shapes, or "
+     "the dtypes); the other process may get RuntimeError \"... was "
+     "cancelled: a collective of it failed in another process first\". "
+     "Restart every process"),
+    (PROCESSES, "a process finishes its program without a pmap the others "
+     "call", "the others' call raises tfspmd.distributed.PeerFailedError "
+     "\"process 1 (...) finished its program while process 0 waited on it "
+     "in a collective: it never called this pmap.\" after "
+     "initialization_timeout"),
+    (PROCESSES, "processes calling pmaps in different orders, or giving "
+     "devices= different lists", "not detected: matching collectives give "
+     "wrong values, others raise the errors above (docs/multiprocess.md, "
+     "Mistakes)"),
 ]
 
 # --- the tests ----------------------------------------------------------------------
