@@ -37,7 +37,6 @@ variance the mean of the devices' batch variances (not the global batch's
 variance, since each device normalizes by its own batch statistics).
 """
 
-import contextlib
 import warnings
 
 import numpy as np
@@ -47,9 +46,12 @@ import keras
 import tfspmd
 from tfspmd import lax
 
+from adapters import _keras_inputs
 from adapters import _keras_internal
+from adapters import _keras_step
+from adapters import _padded_rows
 from adapters import _placement
-from adapters import tf_data
+from adapters import _step_batches
 
 
 class KerasTrainer:
@@ -88,24 +90,7 @@ class KerasTrainer:
       ImportError: If the installed Keras keeps a private attribute the
         adapters use elsewhere than the tested versions do.
     """
-    if not isinstance(model, keras.Model):
-      raise TypeError(
-          f"KerasTrainer: `model` must be a Keras 3 `keras.Model`, got "
-          f"{type(model).__module__}.{type(model).__name__}. (A tf_keras / "
-          f"Keras 2 model has no stateless path; rebuild it with Keras 3.)")
-    if not model.compiled or model.optimizer is None:
-      raise ValueError(
-          f"KerasTrainer: the model {model.name!r} is not compiled with an "
-          f"optimizer; call model.compile(optimizer=..., loss=..., "
-          f"metrics=...) first, as for model.fit.")
-    _keras_internal.check_instance_attributes(model)
-    if _keras_internal.overrides_train_step(model):
-      raise ValueError(
-          f"KerasTrainer: {type(model).__name__} overrides train_step, which "
-          f"cannot run statelessly on several devices: KerasTrainer runs "
-          f"Keras' own stateless step (stateless_call, compute_loss, "
-          f"optimizer.stateless_apply). Move the custom logic into call() or "
-          f"compute_loss(), or train with model.fit on one device.")
+    _keras_inputs.check_model(model)
     self.model = model
     self.devices = _placement.data_devices(num_devices)
     self.axis_name = axis_name
@@ -158,28 +143,10 @@ class KerasTrainer:
       raise ValueError(
           "KerasTrainer.state can be set only once the model is built: call "
           "build(dataset) (or fit) first.")
-    self._state = self._checked_state(value)
+    _keras_inputs.check_state(value, self._variables)
+    self._state = self._replicated_state(value)
     self._devices_ahead = True
     self.sync_to_model()
-
-  def _checked_state(self, value):
-    """`value` as a state of replicated arrays, if it matches the model's."""
-    expected = [len(part) for part in self._variables]
-    got = None
-    if isinstance(value, (tuple, list)) and len(value) == 4 and all(
-        isinstance(part, (tuple, list)) for part in value):
-      got = [len(part) for part in value]
-    if got != expected:
-      given = (f"{got}" if got is not None else
-               f"a {type(value).__name__}" if not isinstance(value, (
-                   tuple, list)) else f"{len(value)} parts")
-      raise ValueError(
-          f"KerasTrainer.state: expected 4 lists with {expected} values "
-          f"(trainable, non-trainable, optimizer, metrics), got {given}.")
-    for i, (part, variables) in enumerate(zip(value, self._variables)):
-      for j, (leaf, variable) in enumerate(zip(part, variables)):
-        _check_state_leaf(f"state[{i}][{j}]", leaf, variable)
-    return tuple([self._replicated(v) for v in part] for part in value)
 
   def build(self, data):
     """Builds the model, loss, metrics and optimizer, and places the state.
@@ -226,8 +193,7 @@ class KerasTrainer:
           f"KerasTrainer: the variables of {self.model.name!r} changed while "
           f"fit ran (was it compiled again in a callback?). Compile the model "
           f"before fit; a later fit or evaluate builds the new one.")
-    self._state = tuple([self._replicated(v) for v in part]
-                        for part in self._variables)
+    self._state = self._replicated_state(self._variables)
     rate = _keras_internal.learning_rate_variable(self.model.optimizer)
     self._known_learning_rate = None if rate is None else rate.numpy()
 
@@ -246,6 +212,10 @@ class KerasTrainer:
                      self._state[3])
       self._known_learning_rate = rate.numpy()
     return self._state
+
+  def _replicated_state(self, parts):
+    """Each value of four lists (a state, or the model's variables) replicated."""
+    return tuple([self._replicated(v) for v in part] for part in parts)
 
   def _replicated(self, value):
     if isinstance(value, tfspmd.ShardedArray) and _placement.is_replicated(
@@ -293,18 +263,16 @@ class KerasTrainer:
     Raises:
       TypeError, ValueError: For a bad argument, naming it, before any step.
     """
-    _check_fit_arguments(epochs, initial_epoch, steps_per_epoch, verbose,
-                         callbacks)
-    dataset = self._dataset(x, y, sample_weight, batch_size, remainder, "fit")
+    _keras_inputs.check_fit_arguments(epochs, initial_epoch, steps_per_epoch,
+                                      verbose, callbacks)
+    dataset = _keras_inputs.global_batches(x, y, sample_weight, batch_size,
+                                           remainder, self.model, "fit")
     self.build(dataset)
     model = self.model
-    steps_per_call = _steps_per_execution(model)
-    if steps_per_epoch is not None and steps_per_epoch % steps_per_call:
-      raise ValueError(
-          f"KerasTrainer.fit: steps_per_epoch={steps_per_epoch} must be a "
-          f"multiple of the model's steps_per_execution={steps_per_call}, so "
-          f"that every epoch ends at the end of a call.")
-    batches = self._device_batches(dataset, remainder, steps_per_call)
+    steps_per_call = _step_batches.steps_per_execution(model)
+    _keras_inputs.check_steps_per_epoch(steps_per_epoch, steps_per_call)
+    batches = _step_batches.device_batches(dataset, len(self.devices),
+                                           remainder, steps_per_call)
     stream = None if steps_per_epoch is None else iter(batches)
     cardinality = int(dataset.cardinality())
     callback_list = keras.callbacks.CallbackList(
@@ -318,7 +286,7 @@ class KerasTrainer:
     try:
       for epoch in range(initial_epoch, epochs):
         logs = self._fit_epoch(
-            epoch, batches if stream is None else _take_steps(
+            epoch, batches if stream is None else _step_batches.take_steps(
                 stream, steps_per_epoch), callback_list) or logs
         if model.stop_training:
           break
@@ -334,7 +302,7 @@ class KerasTrainer:
     step = 0
     logs = {}
     for batch in batches:
-      steps = batch_steps(batch)
+      steps = _step_batches.batch_steps(batch)
       callback_list.on_train_batch_begin(step)
       state = self._step_state()
       if not step:
@@ -372,8 +340,8 @@ class KerasTrainer:
     Returns:
       A dict from metric name ('loss' and the compiled metrics) to a float.
     """
-    dataset = self._dataset(x, y, sample_weight, batch_size, remainder,
-                            "evaluate")
+    dataset = _keras_inputs.global_batches(x, y, sample_weight, batch_size,
+                                           remainder, self.model, "evaluate")
     self.build(dataset)
     trainable, non_trainable = self._step_state()[:2]
     metrics = self._reset_metrics
@@ -382,48 +350,10 @@ class KerasTrainer:
       self._test_call = tfspmd.pmap(
           self._test_step, self.axis_name, in_axes=(None, None, None, 0),
           out_axes=None)
-    for batch in self._device_batches(dataset, remainder, None):
+    for batch in _step_batches.device_batches(dataset, len(self.devices),
+                                              remainder, None):
       metrics, logs = self._test_call(trainable, non_trainable, metrics, batch)
     return {name: float(np.asarray(value)) for name, value in logs.items()}
-
-  def _dataset(self, x, y, sample_weight, batch_size, remainder, method):
-    """The global batches of `fit` / `evaluate`, checked before any step."""
-    if remainder not in ("error", "pad"):
-      raise ValueError(
-          f"KerasTrainer.{method}: `remainder` must be 'error' or 'pad', got "
-          f"{remainder!r}.")
-    dataset = _as_dataset(x, y, sample_weight, batch_size, method)
-    _check_elements(dataset.element_spec, self.model, method)
-    return dataset
-
-  def _device_batches(self, dataset, remainder, steps_per_call):
-    """`dataset` as placed dict batches: x, y, sample_weight, rows (if padded).
-
-    With remainder='pad' each batch is padded to a multiple of the devices
-    of all processes here, and its 'rows' mask (1 for a row of the dataset,
-    0 for padding) tells the steps which rows to leave out: a sample weight
-    of 0 cannot, since a dataset may weight its own rows 0.
-    """
-    multiple = len(self.devices) * tfspmd.process_count()
-    pad = remainder == "pad"
-
-    def keyed(*element):
-      x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(
-          element[0] if len(element) == 1 else element)
-      batch = {"x": x}
-      if y is not None:
-        batch["y"] = y
-      if sample_weight is not None:
-        batch["sample_weight"] = sample_weight
-      if not pad:
-        return batch
-      batch, rows = tf_data.pad_rows(batch, multiple)
-      batch["rows"] = rows
-      return batch
-
-    return tf_data.device_batches(
-        dataset.map(keyed), num_devices=len(self.devices),
-        steps_per_call=steps_per_call)
 
   def _train_call(self, steps):
     call = self._train_calls.get(steps)
@@ -439,14 +369,17 @@ class KerasTrainer:
     """One device's training step on its rows of a global batch."""
     model, optimizer = self.model, self.model.optimizer
     trainable, non_trainable, optimizer_values, metrics = state
-    x, y, sample_weight, rows = _unpack(batch)
+    x, y, sample_weight, rows = _step_batches.unpack(batch)
     seeds = _keras_internal.seed_state_positions(model)
     with tf.GradientTape() as tape:
       tape.watch(trainable)
-      with self._padding_left_out_of_batch_norm(rows):
-        loss, y_pred, new_non_trainable = self._loss(
-            trainable, self._per_device_seeds(non_trainable, seeds, 1),
-            metrics, x, y, self._loss_weight(sample_weight, rows), True)
+      with _padded_rows.batch_norm_without_padding(model, rows):
+        seeded = _keras_step.per_device_seeds(non_trainable, seeds, 1,
+                                              self.axis_name)
+        loss, y_pred, new_non_trainable = _keras_step.compiled_loss(
+            model, trainable, seeded, metrics, x, y,
+            _padded_rows.sample_weights_for_loss(sample_weight, rows,
+                                                 self.axis_name), True)
       with keras.StatelessScope(
           state_mapping=list(zip(optimizer.variables, optimizer_values))):
         scaled_loss = optimizer.scale_loss(loss)
@@ -456,330 +389,32 @@ class KerasTrainer:
     new_non_trainable = [
         lax.pmin(value, self.axis_name) if k in seeds else value
         for k, value in enumerate(
-            self._per_device_seeds(new_non_trainable, seeds, -1))]
-    _check_no_untracked_variables(tape, model)
+            _keras_step.per_device_seeds(new_non_trainable, seeds, -1,
+                                         self.axis_name))]
+    _keras_step.check_no_untracked_variables(tape, model)
     grads = tape.gradient(scaled_loss, trainable)
     grads = [None if g is None else lax.pmean(g, self.axis_name)
              for g in grads]
     with _keras_internal.stateless_optimizer(optimizer):
       trainable, optimizer_values = optimizer.stateless_apply(
           optimizer_values, grads, trainable)
-    non_trainable = self._averaged_updates(non_trainable, new_non_trainable,
-                                           rows)
-    metrics, logs = self._update_metrics(metrics, loss, x, y, y_pred,
-                                         sample_weight, rows)
+    non_trainable = _padded_rows.averaged_non_trainable(
+        non_trainable, new_non_trainable, rows, self.axis_name)
+    metrics, logs = _keras_step.metrics_of_global_batch(
+        model, self.axis_name, metrics, loss, x, y, y_pred, sample_weight,
+        rows)
     return (trainable, non_trainable, optimizer_values, metrics), logs
 
-  def _loss_weight(self, sample_weight, rows):
-    """The sample weights that give padded batches the loss of unpadded ones.
-
-    Keras' default reduction divides the weighted sum by the number of rows,
-    padding included, on each device; scaling each real row's weight by
-    (rows with padding) / (real rows) over all devices makes the mean of
-    the devices' losses the loss of the real rows. The regularization
-    losses, added unweighted, are left as they are.
-    """
-    if rows is None:
-      return sample_weight
-    padded = lax.psum(tf.cast(tf.shape(rows)[0], tf.float32), self.axis_name)
-    real = lax.psum(tf.reduce_sum(rows), self.axis_name)
-    scaled = rows * (padded / real)
-    if sample_weight is None:
-      return scaled
-
-    def weighted(weight):
-      if not weight.dtype.is_floating:
-        weight = tf.cast(weight, tf.float32)
-      shape = [-1] + [1] * (weight.shape.rank - 1)
-      return weight * tf.reshape(tf.cast(scaled, weight.dtype), shape)
-
-    return tf.nest.map_structure(weighted, sample_weight)
-
-  def _padding_left_out_of_batch_norm(self, rows):
-    if rows is None:
-      return contextlib.nullcontext()
-    return _keras_internal.batch_norm_row_weights(self.model, rows)
-
-  def _averaged_updates(self, old_values, new_values, rows):
-    """The non-trainable floats a step updated, averaged over the devices.
-
-    Each device's value weighs as many of its rows as are real, so a device
-    holding only padding rows counts for nothing, and BatchNormalization's
-    moving mean is that of the real rows of the global batch.
-    """
-    if rows is None:
-      average = lambda value: lax.pmean(value, self.axis_name)
-    else:
-      count = tf.reduce_sum(rows)
-      total = lax.psum(count, self.axis_name)
-      average = lambda value: lax.psum(
-          value * tf.cast(count, value.dtype), self.axis_name) / tf.cast(
-              total, value.dtype)
-    return [new if new is old or not new.dtype.is_floating else average(new)
-            for old, new in zip(old_values, new_values)]
-
-  def _per_device_seeds(self, non_trainable, seeds, sign):
-    """Moves each seed generator's state to this device's stream (sign -1: back).
-
-    Keras advances a generator's state in its second element only, so
-    adding the device's position to the first gives each device streams
-    no other device reaches: a Dropout draws a different mask on each
-    device, and device 0 draws what Keras' own fit draws.
-    """
-    if not seeds:
-      return non_trainable
-    position = tf.cast(lax.axis_index(self.axis_name), tf.int64)
-    return [value + sign * tf.cast(tf.stack([position, 0]), value.dtype)
-            if k in seeds else value for k, value in enumerate(non_trainable)]
-
   def _test_step(self, trainable, non_trainable, metrics, batch):
-    x, y, sample_weight, rows = _unpack(batch)
-    loss, y_pred, _ = self._loss(trainable, non_trainable, metrics, x, y,
-                                 self._loss_weight(sample_weight, rows), False)
-    return self._update_metrics(metrics, loss, x, y, y_pred, sample_weight,
-                                rows)
-
-  def _loss(self, trainable, non_trainable, metrics, x, y, sample_weight,
-            training):
-    """The compiled loss of this device's rows, as Keras' JAX trainer has it."""
-    model = self.model
-    kwargs = {}
-    if _keras_internal.call_has_training_arg(model):
-      kwargs["training"] = training
-    y_pred, non_trainable, losses = model.stateless_call(
-        trainable, non_trainable, x, return_losses=True, **kwargs)
-    with _keras_internal.forward_losses(model, losses):
-      loss, (_, non_trainable, _) = model.stateless_compute_loss(
-          trainable, non_trainable, metrics, x=x, y=y, y_pred=y_pred,
-          sample_weight=sample_weight, training=training)
-    return loss, y_pred, non_trainable
-
-  def _update_metrics(self, metrics, loss, x, y, y_pred, sample_weight, rows):
-    """The loss tracker and compiled metrics, updated on the global batch.
-
-    Padding rows (`rows` 0) weigh nothing: the metrics see the global batch
-    as the dataset gave it.
-    """
-    model = self.model
-    gather = lambda t: tf.nest.map_structure(
-        lambda v: lax.all_gather(v, self.axis_name, tiled=True), t)
-    x_all, y_all, y_pred_all, weight_all = (
-        gather(x), gather(y), gather(y_pred), gather(sample_weight))
-    if rows is None:
-      first_input = next(v for v in tf.nest.flatten(x_all) if v is not None)
-      size = tf.shape(first_input)[0]
-    else:
-      rows_all = gather(rows)
-      size = tf.reduce_sum(rows_all)
-    with keras.StatelessScope(
-        state_mapping=list(zip(model.metrics_variables, metrics))) as scope:
-      _keras_internal.loss_tracker(model).update_state(
-          lax.pmean(loss, self.axis_name), sample_weight=size)
-      if rows is None:
-        logs = model.compute_metrics(x_all, y_all, y_pred_all,
-                                     sample_weight=weight_all)
-      else:
-        logs = _keras_internal.compute_metrics_of_rows(
-            model, y_all, y_pred_all, weight_all, rows_all)
-    new_metrics = []
-    for variable, old in zip(model.metrics_variables, metrics):
-      new = scope.get_current_value(variable)
-      new_metrics.append(old if new is None else new)
-    return new_metrics, logs
-
-
-def batch_steps(batch):
-  """The number of steps in an item of `device_batches(steps_per_call=K)`."""
-  return int(tf.nest.flatten(batch)[0].shape[1])
-
-
-def _take_steps(stream, steps):
-  """Items of `stream` until they hold `steps` steps (or it ends)."""
-  taken = 0
-  while taken < steps:
-    batch = next(stream, None)
-    if batch is None:
-      return
-    taken += batch_steps(batch)
-    yield batch
-
-
-def _steps_per_execution(model):
-  steps = getattr(model, "steps_per_execution", 1) or 1
-  return int(steps)
-
-
-def _check_fit_arguments(epochs, initial_epoch, steps_per_epoch, verbose,
-                         callbacks):
-  """Raises, naming the argument, for a value `model.fit` would not take."""
-  for name, value, least in (("epochs", epochs, 0),
-                             ("initial_epoch", initial_epoch, 0),
-                             ("steps_per_epoch", steps_per_epoch, 1)):
-    if value is None and name == "steps_per_epoch":
-      continue
-    if not _is_int(value) or value < least:
-      raise ValueError(
-          f"KerasTrainer.fit: `{name}` must be an int >= {least}"
-          f"{' or None' if name == 'steps_per_epoch' else ''}, got "
-          f"{value!r}.")
-  if verbose not in ("auto", 0, 1, 2) or isinstance(verbose, bool):
-    raise ValueError(
-        f"KerasTrainer.fit: `verbose` must be 'auto', 0, 1 or 2, got "
-        f"{verbose!r}.")
-  if callbacks is None:
-    return
-  if not isinstance(callbacks, (list, tuple)):
-    raise TypeError(
-        f"KerasTrainer.fit: `callbacks` must be a list of "
-        f"keras.callbacks.Callback, got a {type(callbacks).__name__}.")
-  for k, callback in enumerate(callbacks):
-    if not isinstance(callback, keras.callbacks.Callback):
-      raise TypeError(
-          f"KerasTrainer.fit: callbacks[{k}] is a "
-          f"{type(callback).__module__}.{type(callback).__name__}, not a "
-          f"Keras 3 keras.callbacks.Callback (a tf.keras / Keras 2 callback "
-          f"does not work with a Keras 3 model).")
-
-
-def _is_int(value):
-  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _as_dataset(x, y, sample_weight, batch_size, method):
-  """`x` if it is a dataset of global batches, else arrays batched in order."""
-  if isinstance(x, tf.data.Dataset):
-    given = [name for name, value in (("y", y), ("batch_size", batch_size),
-                                      ("sample_weight", sample_weight))
-             if value is not None]
-    if given:
-      raise ValueError(
-          f"KerasTrainer.{method}: with a tf.data.Dataset, give no "
-          f"{', '.join(f'`{name}`' for name in given)}: the dataset's "
-          f"elements are the global batches (x, y[, sample_weight]).")
-    return x
-  if batch_size is None:
-    raise ValueError(
-        f"KerasTrainer.{method}: give `x` as a tf.data.Dataset of global "
-        f"batches, or arrays `x` and `y` with the global `batch_size`.")
-  if not _is_int(batch_size) or batch_size < 1:
-    raise ValueError(
-        f"KerasTrainer.{method}: `batch_size` must be an int >= 1, got "
-        f"{batch_size!r}.")
-  arrays = {name: value for name, value in (
-      ("x", x), ("y", y), ("sample_weight", sample_weight))
-            if value is not None}
-  lengths = {name: _length(name, value, method)
-             for name, value in arrays.items()}
-  if len(set(lengths.values())) > 1:
-    raise ValueError(
-        f"KerasTrainer.{method}: the arrays have different numbers of "
-        f"examples ({', '.join(f'{n}: {k}' for n, k in lengths.items())}); "
-        f"they need one row per example.")
-  return tf.data.Dataset.from_tensor_slices(tuple(arrays.values())).batch(
-      batch_size)
-
-
-def _length(name, value, method):
-  """The number of examples in the array (or arrays) `value`."""
-  leaves = tf.nest.flatten(value)
-  lengths = {len(leaf) if hasattr(leaf, "__len__") else None
-             for leaf in leaves}
-  if None in lengths or len(lengths) != 1:
-    raise ValueError(
-        f"KerasTrainer.{method}: `{name}` must be an array (or a structure "
-        f"of arrays) with the examples along axis 0, or a tf.data.Dataset; "
-        f"got {type(value).__name__}"
-        f"{'' if None in lengths else f' with lengths {sorted(lengths)}'}.")
-  return lengths.pop()
-
-
-def _check_elements(spec, model, method):
-  """Raises, naming the part at fault, for batches `fit` could not use."""
-  caller = f"KerasTrainer.{method}"
-  tf_data.check_element_spec(spec, caller, "x")
-  try:
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(spec)
-  except ValueError:
-    raise ValueError(
-        f"{caller}: the dataset's elements must be `x`, `(x,)`, `(x, y)` or "
-        f"`(x, y, sample_weight)`; got a tuple of {len(spec)}.") from None
-  for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
-    for path, leaf in tf_data.named_leaves(part, name):
-      if leaf is not None and leaf.dtype == tf.string:
-        raise ValueError(
-            f"{caller}: {path} holds strings, which cannot go onto the "
-            f"devices. Turn them into numbers in the input pipeline, e.g. "
-            f"`dataset.map(lambda x, y: (lookup(x), y))` with a "
-            f"keras.layers.StringLookup or TextVectorization adapted "
-            f"beforehand, and give the model that layer's output as input.")
-  users = _keras_internal.compiled_users_of_targets(model)
-  if y is None and users:
-    raise ValueError(
-        f"{caller}: the batches have no targets `y`, but the model was "
-        f"compiled with a {' and '.join(users)}, which need them. Give "
-        f"elements (x, y) (or arrays `x` and `y`), or compile without "
-        f"loss and metrics for a model whose losses are its own (add_loss).")
-  _check_sample_weight(y, sample_weight, caller)
-
-
-def _check_sample_weight(y, sample_weight, caller):
-  """Raises unless each sample weight fits its targets' leading axes.
-
-  As in Keras' losses, the weights of a target of shape `(batch, d1, ...)`
-  have shape `(batch,)`, `(batch, d1)`, ... (trailing axes of size 1 are
-  squeezed away); one weight leaf may serve every target.
-  """
-  if sample_weight is None or y is None:
-    return
-  targets = tf_data.named_leaves(y, "y")
-  weights = tf_data.named_leaves(sample_weight, "sample_weight")
-  if len(weights) not in (1, len(targets)):
-    raise ValueError(
-        f"{caller}: `sample_weight` has {len(weights)} leaves for "
-        f"{len(targets)} targets `y`; give one per target, or one for all.")
-  pairs = ([(weights[0], target) for target in targets] if len(weights) == 1
-           else list(zip(weights, targets)))
-  for (weight_path, weight), (target_path, target) in pairs:
-    if not (weight.dtype.is_floating or weight.dtype.is_integer):
-      raise TypeError(
-          f"{caller}: {weight_path} has dtype {weight.dtype.name}; sample "
-          f"weights are numbers.")
-    shape = weight.shape.as_list()
-    while len(shape) > 1 and shape[-1] == 1:
-      shape.pop()
-    leading = target.shape.as_list()[:len(shape)]
-    if len(shape) > target.shape.rank or not tf.TensorShape(
-        shape[1:]).is_compatible_with(leading[1:]):
-      raise ValueError(
-          f"{caller}: {weight_path} has shape {weight.shape}, which does not "
-          f"fit {target_path} of shape {target.shape}: per-example weights "
-          f"have shape (batch,), or the target's leading axes (batch, ...).")
-
-
-def _check_state_leaf(path, value, variable):
-  """Raises unless `value` can stand for `variable` in the state."""
-  if isinstance(value, tfspmd.ShardedArray) and not _placement.is_replicated(
-      value):
-    raise ValueError(
-        f"KerasTrainer.{path} ({variable.path!r}) is split over the devices; "
-        f"the state holds replicated values.")
-  try:
-    dtype = tf.as_dtype(value.dtype if hasattr(value, "dtype")
-                        else np.asarray(value).dtype)
-    shape = tuple(value.shape if hasattr(value, "shape")
-                  else np.shape(value))
-  except TypeError:
-    raise TypeError(
-        f"KerasTrainer.{path} ({variable.path!r}) must be an array, got "
-        f"{type(value).__name__}.") from None
-  if dtype != tf.as_dtype(variable.dtype):
-    raise TypeError(
-        f"KerasTrainer.{path} ({variable.path!r}) must have dtype "
-        f"{tf.as_dtype(variable.dtype).name}, got {dtype.name}.")
-  if shape != tuple(variable.shape):
-    raise ValueError(
-        f"KerasTrainer.{path} ({variable.path!r}) must have shape "
-        f"{tuple(variable.shape)}, got {shape}.")
+    """One device's evaluation step: the metrics updated by its rows."""
+    x, y, sample_weight, rows = _step_batches.unpack(batch)
+    loss, y_pred, _ = _keras_step.compiled_loss(
+        self.model, trainable, non_trainable, metrics, x, y,
+        _padded_rows.sample_weights_for_loss(sample_weight, rows,
+                                             self.axis_name), False)
+    return _keras_step.metrics_of_global_batch(
+        self.model, self.axis_name, metrics, loss, x, y, y_pred,
+        sample_weight, rows)
 
 
 def _model_variables(model):
@@ -792,22 +427,3 @@ def _model_variables(model):
 def _same_variables(these, those):
   return [[id(v) for v in part] for part in these] == [
       [id(v) for v in part] for part in those]
-
-
-def _unpack(batch):
-  """A step's dict batch as `(x, y, sample_weight, rows)`, None if absent."""
-  return (batch["x"], batch.get("y"), batch.get("sample_weight"),
-          batch.get("rows"))
-
-
-def _check_no_untracked_variables(tape, model):
-  """Raises if the step read a tf.Variable Keras does not map statelessly."""
-  read = tape.watched_variables()
-  if read:
-    names = ", ".join(sorted(v.name for v in read))
-    raise ValueError(
-        f"KerasTrainer: {model.name!r} cannot run statelessly: its call reads "
-        f"tf.Variable(s) that are not Keras variables of the model ({names}), "
-        f"so they would be neither trained nor updated on the devices. "
-        f"Create the model's state with Layer.add_weight / keras.Variable "
-        f"(or wrap the tf.Module in a Keras layer that does).")

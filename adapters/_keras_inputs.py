@@ -1,0 +1,277 @@
+"""Checks of what `KerasTrainer` is given, each raising before any step.
+
+The model (Keras 3, compiled, Keras' own `train_step`), the arguments of
+`fit` as `model.fit` would take them, the data of `fit` and `evaluate` (a
+dataset of global batches, or arrays batched here) and a `state` assigned
+to the trainer. Each error names the argument or the part of the data at
+fault, so that a bad call fails at once rather than deep in a traced step.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+import keras
+import tfspmd
+
+from adapters import _keras_internal
+from adapters import _placement
+from adapters import tf_data
+
+
+def check_model(model):
+  """Raises unless `model` is a compiled Keras 3 model `KerasTrainer` can run.
+
+  Args:
+    model: What `KerasTrainer` was given as the model.
+
+  Raises:
+    TypeError: If `model` is not a Keras 3 model.
+    ValueError: If it is not compiled, or replaces `train_step`.
+    ImportError: If the installed Keras keeps a private attribute the
+      adapters use elsewhere than the tested versions do.
+  """
+  if not isinstance(model, keras.Model):
+    raise TypeError(
+        f"KerasTrainer: `model` must be a Keras 3 `keras.Model`, got "
+        f"{type(model).__module__}.{type(model).__name__}. (A tf_keras / "
+        f"Keras 2 model has no stateless path; rebuild it with Keras 3.)")
+  if not model.compiled or model.optimizer is None:
+    raise ValueError(
+        f"KerasTrainer: the model {model.name!r} is not compiled with an "
+        f"optimizer; call model.compile(optimizer=..., loss=..., "
+        f"metrics=...) first, as for model.fit.")
+  _keras_internal.check_instance_attributes(model)
+  if _keras_internal.overrides_train_step(model):
+    raise ValueError(
+        f"KerasTrainer: {type(model).__name__} overrides train_step, which "
+        f"cannot run statelessly on several devices: KerasTrainer runs "
+        f"Keras' own stateless step (stateless_call, compute_loss, "
+        f"optimizer.stateless_apply). Move the custom logic into call() or "
+        f"compute_loss(), or train with model.fit on one device.")
+
+
+def check_fit_arguments(epochs, initial_epoch, steps_per_epoch, verbose,
+                        callbacks):
+  """Raises, naming the argument, for a value `model.fit` would not take."""
+  for name, value, least in (("epochs", epochs, 0),
+                             ("initial_epoch", initial_epoch, 0),
+                             ("steps_per_epoch", steps_per_epoch, 1)):
+    if value is None and name == "steps_per_epoch":
+      continue
+    if not _is_int(value) or value < least:
+      raise ValueError(
+          f"KerasTrainer.fit: `{name}` must be an int >= {least}"
+          f"{' or None' if name == 'steps_per_epoch' else ''}, got "
+          f"{value!r}.")
+  if verbose not in ("auto", 0, 1, 2) or isinstance(verbose, bool):
+    raise ValueError(
+        f"KerasTrainer.fit: `verbose` must be 'auto', 0, 1 or 2, got "
+        f"{verbose!r}.")
+  if callbacks is None:
+    return
+  if not isinstance(callbacks, (list, tuple)):
+    raise TypeError(
+        f"KerasTrainer.fit: `callbacks` must be a list of "
+        f"keras.callbacks.Callback, got a {type(callbacks).__name__}.")
+  for k, callback in enumerate(callbacks):
+    if not isinstance(callback, keras.callbacks.Callback):
+      raise TypeError(
+          f"KerasTrainer.fit: callbacks[{k}] is a "
+          f"{type(callback).__module__}.{type(callback).__name__}, not a "
+          f"Keras 3 keras.callbacks.Callback (a tf.keras / Keras 2 callback "
+          f"does not work with a Keras 3 model).")
+
+
+def check_steps_per_epoch(steps_per_epoch, steps_per_call):
+  """Raises unless each epoch of `steps_per_epoch` steps ends with a call."""
+  if steps_per_epoch is not None and steps_per_epoch % steps_per_call:
+    raise ValueError(
+        f"KerasTrainer.fit: steps_per_epoch={steps_per_epoch} must be a "
+        f"multiple of the model's steps_per_execution={steps_per_call}, so "
+        f"that every epoch ends at the end of a call.")
+
+
+def global_batches(x, y, sample_weight, batch_size, remainder, model, method):
+  """The global batches of `fit` / `evaluate`, checked before any step.
+
+  Args:
+    x, y, sample_weight, batch_size, remainder: As `KerasTrainer.fit` takes
+      them.
+    model: The compiled model the batches are for.
+    method: 'fit' or 'evaluate', for the error messages.
+
+  Returns:
+    A `tf.data.Dataset` of global batches `(x, y[, sample_weight])`.
+  """
+  if remainder not in ("error", "pad"):
+    raise ValueError(
+        f"KerasTrainer.{method}: `remainder` must be 'error' or 'pad', got "
+        f"{remainder!r}.")
+  dataset = _as_dataset(x, y, sample_weight, batch_size, method)
+  _check_elements(dataset.element_spec, model, method)
+  return dataset
+
+
+def check_state(value, variables):
+  """Raises unless `value` is a state that matches the model's `variables`.
+
+  Args:
+    value: What was assigned to `KerasTrainer.state`.
+    variables: The model's variables, as four lists in the state's order.
+  """
+  expected = [len(part) for part in variables]
+  got = None
+  if isinstance(value, (tuple, list)) and len(value) == 4 and all(
+      isinstance(part, (tuple, list)) for part in value):
+    got = [len(part) for part in value]
+  if got != expected:
+    given = (f"{got}" if got is not None else
+             f"a {type(value).__name__}" if not isinstance(value, (
+                 tuple, list)) else f"{len(value)} parts")
+    raise ValueError(
+        f"KerasTrainer.state: expected 4 lists with {expected} values "
+        f"(trainable, non-trainable, optimizer, metrics), got {given}.")
+  for i, (part, part_variables) in enumerate(zip(value, variables)):
+    for j, (leaf, variable) in enumerate(zip(part, part_variables)):
+      _check_state_leaf(f"state[{i}][{j}]", leaf, variable)
+
+
+def _is_int(value):
+  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _as_dataset(x, y, sample_weight, batch_size, method):
+  """`x` if it is a dataset of global batches, else arrays batched in order."""
+  if isinstance(x, tf.data.Dataset):
+    given = [name for name, value in (("y", y), ("batch_size", batch_size),
+                                      ("sample_weight", sample_weight))
+             if value is not None]
+    if given:
+      raise ValueError(
+          f"KerasTrainer.{method}: with a tf.data.Dataset, give no "
+          f"{', '.join(f'`{name}`' for name in given)}: the dataset's "
+          f"elements are the global batches (x, y[, sample_weight]).")
+    return x
+  if batch_size is None:
+    raise ValueError(
+        f"KerasTrainer.{method}: give `x` as a tf.data.Dataset of global "
+        f"batches, or arrays `x` and `y` with the global `batch_size`.")
+  if not _is_int(batch_size) or batch_size < 1:
+    raise ValueError(
+        f"KerasTrainer.{method}: `batch_size` must be an int >= 1, got "
+        f"{batch_size!r}.")
+  arrays = {name: value for name, value in (
+      ("x", x), ("y", y), ("sample_weight", sample_weight))
+            if value is not None}
+  lengths = {name: _length(name, value, method)
+             for name, value in arrays.items()}
+  if len(set(lengths.values())) > 1:
+    raise ValueError(
+        f"KerasTrainer.{method}: the arrays have different numbers of "
+        f"examples ({', '.join(f'{n}: {k}' for n, k in lengths.items())}); "
+        f"they need one row per example.")
+  return tf.data.Dataset.from_tensor_slices(tuple(arrays.values())).batch(
+      batch_size)
+
+
+def _length(name, value, method):
+  """The number of examples in the array (or arrays) `value`."""
+  leaves = tf.nest.flatten(value)
+  lengths = {len(leaf) if hasattr(leaf, "__len__") else None
+             for leaf in leaves}
+  if None in lengths or len(lengths) != 1:
+    raise ValueError(
+        f"KerasTrainer.{method}: `{name}` must be an array (or a structure "
+        f"of arrays) with the examples along axis 0, or a tf.data.Dataset; "
+        f"got {type(value).__name__}"
+        f"{'' if None in lengths else f' with lengths {sorted(lengths)}'}.")
+  return lengths.pop()
+
+
+def _check_elements(spec, model, method):
+  """Raises, naming the part at fault, for batches `fit` could not use."""
+  caller = f"KerasTrainer.{method}"
+  tf_data.check_element_spec(spec, caller, "x")
+  try:
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(spec)
+  except ValueError:
+    raise ValueError(
+        f"{caller}: the dataset's elements must be `x`, `(x,)`, `(x, y)` or "
+        f"`(x, y, sample_weight)`; got a tuple of {len(spec)}.") from None
+  for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
+    for path, leaf in tf_data.named_leaves(part, name):
+      if leaf is not None and leaf.dtype == tf.string:
+        raise ValueError(
+            f"{caller}: {path} holds strings, which cannot go onto the "
+            f"devices. Turn them into numbers in the input pipeline, e.g. "
+            f"`dataset.map(lambda x, y: (lookup(x), y))` with a "
+            f"keras.layers.StringLookup or TextVectorization adapted "
+            f"beforehand, and give the model that layer's output as input.")
+  users = _keras_internal.compiled_users_of_targets(model)
+  if y is None and users:
+    raise ValueError(
+        f"{caller}: the batches have no targets `y`, but the model was "
+        f"compiled with a {' and '.join(users)}, which need them. Give "
+        f"elements (x, y) (or arrays `x` and `y`), or compile without "
+        f"loss and metrics for a model whose losses are its own (add_loss).")
+  _check_sample_weight(y, sample_weight, caller)
+
+
+def _check_sample_weight(y, sample_weight, caller):
+  """Raises unless each sample weight fits its targets' leading axes.
+
+  As in Keras' losses, the weights of a target of shape `(batch, d1, ...)`
+  have shape `(batch,)`, `(batch, d1)`, ... (trailing axes of size 1 are
+  squeezed away); one weight leaf may serve every target.
+  """
+  if sample_weight is None or y is None:
+    return
+  targets = tf_data.named_leaves(y, "y")
+  weights = tf_data.named_leaves(sample_weight, "sample_weight")
+  if len(weights) not in (1, len(targets)):
+    raise ValueError(
+        f"{caller}: `sample_weight` has {len(weights)} leaves for "
+        f"{len(targets)} targets `y`; give one per target, or one for all.")
+  pairs = ([(weights[0], target) for target in targets] if len(weights) == 1
+           else list(zip(weights, targets)))
+  for (weight_path, weight), (target_path, target) in pairs:
+    if not (weight.dtype.is_floating or weight.dtype.is_integer):
+      raise TypeError(
+          f"{caller}: {weight_path} has dtype {weight.dtype.name}; sample "
+          f"weights are numbers.")
+    shape = weight.shape.as_list()
+    while len(shape) > 1 and shape[-1] == 1:
+      shape.pop()
+    leading = target.shape.as_list()[:len(shape)]
+    if len(shape) > target.shape.rank or not tf.TensorShape(
+        shape[1:]).is_compatible_with(leading[1:]):
+      raise ValueError(
+          f"{caller}: {weight_path} has shape {weight.shape}, which does not "
+          f"fit {target_path} of shape {target.shape}: per-example weights "
+          f"have shape (batch,), or the target's leading axes (batch, ...).")
+
+
+def _check_state_leaf(path, value, variable):
+  """Raises unless `value` can stand for `variable` in the state."""
+  if isinstance(value, tfspmd.ShardedArray) and not _placement.is_replicated(
+      value):
+    raise ValueError(
+        f"KerasTrainer.{path} ({variable.path!r}) is split over the devices; "
+        f"the state holds replicated values.")
+  try:
+    dtype = tf.as_dtype(value.dtype if hasattr(value, "dtype")
+                        else np.asarray(value).dtype)
+    shape = tuple(value.shape if hasattr(value, "shape")
+                  else np.shape(value))
+  except TypeError:
+    raise TypeError(
+        f"KerasTrainer.{path} ({variable.path!r}) must be an array, got "
+        f"{type(value).__name__}.") from None
+  if dtype != tf.as_dtype(variable.dtype):
+    raise TypeError(
+        f"KerasTrainer.{path} ({variable.path!r}) must have dtype "
+        f"{tf.as_dtype(variable.dtype).name}, got {dtype.name}.")
+  if shape != tuple(variable.shape):
+    raise ValueError(
+        f"KerasTrainer.{path} ({variable.path!r}) must have shape "
+        f"{tuple(variable.shape)}, got {shape}.")

@@ -1,0 +1,124 @@
+"""The pieces of Keras' stateless step that one device of `KerasTrainer` runs.
+
+The trainer's pmapped train and test steps are made of these: the compiled
+loss of the device's rows, the loss tracker and compiled metrics updated on
+the global batch (gathered from the devices), a seed stream of its own for
+each device, and the check that the model keeps no state Keras cannot map
+statelessly. Each takes the model and the data axis rather than the trainer.
+"""
+
+import tensorflow as tf
+
+import keras
+from tfspmd import lax
+
+from adapters import _keras_internal
+
+
+def compiled_loss(model, trainable, non_trainable, metrics, x, y,
+                  sample_weight, training):
+  """The compiled loss of this device's rows, as Keras' JAX trainer has it.
+
+  Args:
+    model: The compiled Keras model.
+    trainable, non_trainable, metrics: The values of the model's trainable,
+      non-trainable and metrics variables.
+    x, y, sample_weight: This device's rows of the batch.
+    training: Whether the model is called in training mode.
+
+  Returns:
+    `(loss, y_pred, non_trainable)`: the loss, the predictions and the
+    non-trainable values the forward pass updated.
+  """
+  kwargs = {}
+  if _keras_internal.call_has_training_arg(model):
+    kwargs["training"] = training
+  y_pred, non_trainable, losses = model.stateless_call(
+      trainable, non_trainable, x, return_losses=True, **kwargs)
+  with _keras_internal.forward_losses(model, losses):
+    loss, (_, non_trainable, _) = model.stateless_compute_loss(
+        trainable, non_trainable, metrics, x=x, y=y, y_pred=y_pred,
+        sample_weight=sample_weight, training=training)
+  return loss, y_pred, non_trainable
+
+
+def metrics_of_global_batch(model, axis_name, metrics, loss, x, y, y_pred,
+                            sample_weight, rows):
+  """The loss tracker and compiled metrics, updated on the global batch.
+
+  Padding rows (`rows` 0) weigh nothing: the metrics see the global batch
+  as the dataset gave it.
+
+  Args:
+    model: The compiled Keras model.
+    axis_name: The pmap axis the batch is split over.
+    metrics: The values of the model's metrics variables before the update.
+    loss: This device's loss.
+    x, y, y_pred, sample_weight, rows: This device's rows of the batch, its
+      predictions and its row mask (None for an unpadded batch).
+
+  Returns:
+    `(metrics, logs)`: the updated metrics values and the metrics' results.
+  """
+  gather = lambda t: tf.nest.map_structure(
+      lambda v: lax.all_gather(v, axis_name, tiled=True), t)
+  x_all, y_all, y_pred_all, weight_all = (
+      gather(x), gather(y), gather(y_pred), gather(sample_weight))
+  if rows is None:
+    first_input = next(v for v in tf.nest.flatten(x_all) if v is not None)
+    size = tf.shape(first_input)[0]
+  else:
+    rows_all = gather(rows)
+    size = tf.reduce_sum(rows_all)
+  with keras.StatelessScope(
+      state_mapping=list(zip(model.metrics_variables, metrics))) as scope:
+    _keras_internal.loss_tracker(model).update_state(
+        lax.pmean(loss, axis_name), sample_weight=size)
+    if rows is None:
+      logs = model.compute_metrics(x_all, y_all, y_pred_all,
+                                   sample_weight=weight_all)
+    else:
+      logs = _keras_internal.compute_metrics_of_rows(
+          model, y_all, y_pred_all, weight_all, rows_all)
+  new_metrics = []
+  for variable, old in zip(model.metrics_variables, metrics):
+    new = scope.get_current_value(variable)
+    new_metrics.append(old if new is None else new)
+  return new_metrics, logs
+
+
+def per_device_seeds(non_trainable, seeds, sign, axis_name):
+  """Moves each seed generator's state to this device's stream (sign -1: back).
+
+  Keras advances a generator's state in its second element only, so
+  adding the device's position to the first gives each device streams
+  no other device reaches: a Dropout draws a different mask on each
+  device, and device 0 draws what Keras' own fit draws.
+
+  Args:
+    non_trainable: The values of the model's non-trainable variables.
+    seeds: The positions in `non_trainable` of the seed generators' states.
+    sign: 1 to move the states to this device's stream, -1 to move them back.
+    axis_name: The pmap axis whose index tells the devices apart.
+
+  Returns:
+    `non_trainable` with the seed states moved.
+  """
+  if not seeds:
+    return non_trainable
+  position = tf.cast(lax.axis_index(axis_name), tf.int64)
+  return [value + sign * tf.cast(tf.stack([position, 0]), value.dtype)
+          if k in seeds else value for k, value in enumerate(non_trainable)]
+
+
+def check_no_untracked_variables(tape, model):
+  """Raises if the step read a tf.Variable Keras does not map statelessly."""
+  read = tape.watched_variables()
+  if read:
+    names = ", ".join(sorted(v.name for v in read))
+    raise ValueError(
+        f"KerasTrainer: {model.name!r} cannot run statelessly: its call reads "
+        f"tf.Variable(s) that are not Keras variables of the model ({names}), "
+        f"so they would be neither trained nor updated on the devices. "
+        f"Create the model's state with Layer.add_weight / keras.Variable "
+        f"(or wrap the tf.Module in a Keras layer that does).")
