@@ -177,8 +177,8 @@ def _as_dataset(x, y, sample_weight, batch_size, method):
 def _length(name, value, method):
   """The number of examples in the array (or arrays) `value`."""
   leaves = tf.nest.flatten(value)
-  lengths = {len(leaf) if hasattr(leaf, "__len__") else None
-             for leaf in leaves}
+  # np.shape, not len(): a scalar tensor has __len__ and raises in it.
+  lengths = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in leaves}
   if None in lengths or len(lengths) != 1:
     raise ValueError(
         f"KerasTrainer.{method}: `{name}` must be an array (or a structure "

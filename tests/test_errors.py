@@ -1296,6 +1296,14 @@ def _():
   _fit(y=np.ones((6, 1), np.float32))
 
 
+@case("keras-x-scalar-tensor", KERAS, "fit on a scalar tensor as x",
+      ValueError, r"`x` must be an array \(or a structure of arrays\) with the "
+      r"examples along axis 0, or a tf.data.Dataset; got EagerTensor")
+def _():
+  keras_training.KerasTrainer(_tiny_model()).fit(
+      tf.constant(1.), _xy()[1], batch_size=8, verbose=0)
+
+
 @case("keras-batch-size-zero", KERAS, "fit(batch_size=0)", ValueError,
       r"`batch_size` must be an int >= 1, got 0")
 def _():
