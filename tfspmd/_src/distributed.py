@@ -104,7 +104,10 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
     TimeoutError: If some process did not join within
       `initialization_timeout`; the message names it. This process's
       TensorFlow runtime cannot be initialized again: restart it.
-    ValueError, TypeError: For an incomplete or inconsistent description.
+    ValueError, TypeError: For an incomplete or inconsistent description
+      (in every process at once where the processes disagree on it), or
+      processes with different numbers of devices.
+    OSError: In process 0, if the coordinator's port is taken.
 
   Example:
     Two processes on one host, each with 4 logical CPU devices
