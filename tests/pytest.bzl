@@ -1,8 +1,9 @@
 """pytest_test: one pytest file as a py_test."""
 
-def pytest_test(name, src, deps = [], data = []):
+def pytest_test(name, src, deps = [], data = [], timeout = "moderate"):
     native.py_test(
         name = name,
+        timeout = timeout,
         srcs = [
             src,
             "pytest_main.py",
