@@ -198,6 +198,31 @@ def disagreeing_sizes():
   return {"error": None, "value": value}
 
 
+def disagreeing_order():
+  """Two pmaps called in another order, then devices= lists in another order."""
+  _initialize()
+  me = tfspmd.process_index()
+  total = tfspmd.pmap(lambda v: lax.psum(v, "i"), axis_name="i")
+  largest = tfspmd.pmap(lambda v: lax.pmax(v, "i"), axis_name="i")
+  x = np.arange(4, dtype=np.float32).reshape(2, 2) + 10 * me
+  report = {}
+  try:
+    for f in (total, largest) if me == 0 else (largest, total):
+      np.asarray(f(x))
+    report["order"] = None
+  except ValueError as e:
+    report["order"] = str(e)
+  devices = tfspmd.devices()
+  listed = devices if me == 0 else devices[2:] + devices[:2]
+  try:
+    np.asarray(tfspmd.pmap(lambda v: lax.axis_index("i"), axis_name="i",
+                           devices=listed)(x))
+    report["devices"] = None
+  except ValueError as e:
+    report["devices"] = str(e)
+  return report
+
+
 def finishes_early():
   """Process 1 finishes its program without the psum process 0 calls."""
   _initialize()
@@ -244,6 +269,7 @@ if __name__ == "__main__":
             "never_joined": never_joined, "gpu_pair": gpu_pair,
             "initialize_error": initialize_error,
             "disagreeing_sizes": disagreeing_sizes,
+            "disagreeing_order": disagreeing_order,
             "finishes_early": finishes_early,
             "without_initialize": without_initialize}[sys.argv[1]]()
   print(json.dumps(result), flush=True)

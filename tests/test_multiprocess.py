@@ -318,21 +318,22 @@ def disagreeing_programs():
   pair whose process 1 finishes without the psum process 0 calls (with a
   12 s initialization_timeout, which bounds TensorFlow's shutdown barrier).
   """
-  counts, sizes, early = (_free_addresses(2) for _ in range(3))
+  counts, sizes, early, order = (_free_addresses(2) for _ in range(4))
   quick = {"WORKER_INIT_TIMEOUT": "12"}
   reports = _run(
       [("initialize_error", 0, counts),
        ("initialize_error", 1, counts, {"TFSPMD_NUM_CPU_DEVICES": "1"}),
        ("disagreeing_sizes", 0, sizes), ("disagreeing_sizes", 1, sizes),
        ("finishes_early", 0, early, quick),
-       ("finishes_early", 1, early, quick)],
+       ("finishes_early", 1, early, quick),
+       ("disagreeing_order", 0, order), ("disagreeing_order", 1, order)],
       devices=2)
-  return reports[:2], reports[2:4], reports[4:], early
+  return reports[:2], reports[2:4], reports[4:6], early, reports[6:]
 
 
 def test_processes_with_other_device_counts_fail_in_initialize(
     disagreeing_programs):
-  counts, _, _, _ = disagreeing_programs
+  counts, _, _, _, _ = disagreeing_programs
   for report in counts:
     assert report["error"] == "ValueError"
     assert report["message"] == (
@@ -345,31 +346,48 @@ def test_processes_with_other_device_counts_fail_in_initialize(
 
 def test_processes_passing_other_mapped_sizes_get_a_value_error(
     disagreeing_programs):
-  _, sizes, _, _ = disagreeing_programs
-  for report in sizes:
-    if report["error"] == "RuntimeError":  # cancelled by the other's error
-      assert "was cancelled: a collective of it failed in another process" in (
-          report["message"])
-      continue
+  _, sizes, _, _, _ = disagreeing_programs
+  # Found when the program is traced, before any collective runs.
+  for me, report in enumerate(sizes):
     assert report["error"] == "ValueError"
-    # Which process's size TensorFlow names first depends on who came first.
-    assert re.match(
-        r"The processes disagree on this pmapped call: one process's call "
-        r"spans (4 devices, another's 2|2 devices, another's 4) \(different "
-        r"mapped sizes, devices= lists or device counts\)\.",
-        report["message"]), report["message"]
-  assert "ValueError" in [r["error"] for r in sizes]
+    assert re.fullmatch(
+        rf"The processes disagree on this pmapped call: the pmapped program "
+        rf"number 1 of process {me} is (.*), that of process {1 - me} is "
+        rf"(.*)\. Every process must call the same pmaps in the same order, "
+        rf"with the same devices= list, mapped size, per-device shapes and "
+        rf"dtypes \(docs/multiprocess\.md\)\.", report["message"]), (
+            report["message"])
+    assert "a mesh of 4 on devices [0, 1, 2, 3], inputs (float32[4, 3])" in (
+        report["message"])
+    assert "inputs (float32[2, 3])" in report["message"]
 
 
 def test_a_process_that_finishes_without_a_pmap_fails_the_others(
     disagreeing_programs):
-  _, _, (waiting, finished), early = disagreeing_programs
+  _, _, (waiting, finished), early, _ = disagreeing_programs
   assert finished["finished"]
   assert waiting["error"] == "PeerFailedError"
   assert waiting["message"].startswith(
-      f"process 1 ({early[1]}) finished its program while process 0 waited "
-      f"on it in a collective: it never called this pmap.")
+      f"process 1 ({early[1]}) exited or stopped answering while process 0 "
+      f"waited for it to trace the same pmapped program: it finished early")
   assert waiting["seconds"] < 12 + 15
+
+
+def test_pmaps_called_in_another_order_or_over_other_device_lists(
+    disagreeing_programs):
+  *_, reports = disagreeing_programs
+  for me, report in enumerate(reports):
+    # psum's and pmax's lambdas share a name; their ops tell them apart.
+    assert report["order"] is not None
+    assert report["order"].startswith(
+        f"The processes disagree on this pmapped call: the pmapped program "
+        f"number 1 of process {me} is pmap of disagreeing_order.<locals>."
+        f"<lambda> over axis 'i', a mesh of 4 on devices [0, 1, 2, 3], "
+        f"inputs (float32[4, 2]), ops "), report["order"]
+    assert report["devices"] is not None
+    assert "number 2 of process" in report["devices"]
+    assert "on devices [0, 1, 2, 3]" in report["devices"]
+    assert "on devices [2, 3, 0, 1]" in report["devices"]
 
 
 # --- four processes x 2 devices: nested pmaps -----------------------------
@@ -469,9 +487,11 @@ def test_a_peer_that_exits_makes_the_collective_raise_peer_failed_error():
       heartbeat_timeout=heartbeat)
   assert peer == {"exited": True, "wall_seconds": peer["wall_seconds"]}
   assert survivor["error"] == "PeerFailedError"
-  assert survivor["message"].startswith(
-      f"process 1 ({addresses[1]}) exited or stopped answering while "
-      f"process 0 waited on it in a collective.")
+  # It is gone before process 0 traces the psum, or while its collective runs.
+  assert re.match(
+      rf"process 1 \({addresses[1]}\) exited or stopped answering while "
+      rf"process 0 waited (on it in a collective|for it to trace the same "
+      rf"pmapped program)", survivor["message"]), survivor["message"]
   # The connection is refused at once, or its heartbeats are missed.
   assert survivor["seconds"] < heartbeat + 10
 

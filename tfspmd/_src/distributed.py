@@ -17,10 +17,12 @@ Faults, as TensorFlow's runtime reports them (TF 2.21, checked on localhost):
     `heartbeat_timeout` and aborts every collective waiting on it;
 the last two raise `PeerFailedError` from the pmapped call or where its
 results are read, as does a process that finishes its program while another
-waits on it in a collective. Processes that pass one pmap different mapped
-sizes, shapes or dtypes get a `ValueError` saying which. A process that is
-alive but never reaches the collective waits, as in JAX; pmaps called in
-another order whose collectives happen to match are not detected.
+waits on it in a collective. Processes that trace different programs at
+the same point (other pmaps, another order, other devices= lists, mapped
+sizes, shapes or dtypes) get a `ValueError` saying how, before any
+collective runs (`check_same_program`). A process that is alive but never
+reaches the collective waits, as in JAX; an order that changes after every
+program involved was traced is not seen.
 """
 
 import collections
@@ -43,6 +45,8 @@ NCCL_ENV = "DTENSOR_GPU_USE_NCCL_COMMUNICATION"
 
 _lock = threading.Lock()
 _cluster = None  # The `Cluster` once `initialize` succeeded.
+_programs_traced = 0  # How many programs this process has checked.
+_POLL_S = 1.0  # How often a wait for a peer's trace looks at its health.
 
 
 class PeerFailedError(RuntimeError):
@@ -300,6 +304,70 @@ def _join_timeout_message(cluster, message, timeout):
       f"give slow starters a longer initialization_timeout. This process "
       f"cannot initialize again: restart it. TensorFlow said: "
       f"{_first_line(message)}")
+
+
+def check_same_program(description):
+  """Raises unless every process traced the same program at this point.
+
+  Each process publishes a description of every program it traces (the
+  function, the mesh's devices, the global shapes and dtypes), numbered in
+  the order traced, and reads the other processes' description of the same
+  number. Processes that call pmaps in different orders, or give them
+  different devices= lists, would otherwise run collectives that happen to
+  fit on the wrong values. It costs one exchange per trace, none per call:
+  an order that changes after every program is traced is not seen.
+
+  Args:
+    description: This process's description of the program just traced.
+
+  Raises:
+    ValueError: If another process traced a different program.
+    PeerFailedError: If another process exited or stopped answering first.
+  """
+  global _programs_traced
+  if _cluster is None or _cluster.num_processes == 1:
+    return
+  with _lock:
+    number = _programs_traced
+    _programs_traced += 1
+  me = _cluster.process_id
+  tf_internal.publish(f"tfspmd/program/{number}/{me}", description)
+  for other in range(_cluster.num_processes):
+    if other == me:
+      continue
+    theirs = _published_by_peer(f"tfspmd/program/{number}/{other}", other)
+    if theirs != description:
+      raise ValueError(
+          f"The processes disagree on this pmapped call: the pmapped program "
+          f"number {number + 1} of process {me} is {description}, that of "
+          f"process {other} is {theirs}. Every process must call the same "
+          f"pmaps in the same order, with the same devices= list, mapped "
+          f"size, per-device shapes and dtypes (docs/multiprocess.md).")
+
+
+def _published_by_peer(key, peer):
+  """What the process `peer` published under `key`, waiting while it lives.
+
+  A peer may reach the same point much later (it loads its data first), so
+  the wait has no deadline of its own, as a collective has none; between
+  looks it probes the peer, and a peer that is gone fails the wait.
+  """
+  task = f"/job:{_cluster.job_name}/replica:0/task:{peer}"
+  while True:
+    try:
+      return tf_internal.read_published(key, _POLL_S)
+    except tf.errors.DeadlineExceededError:
+      pass
+    try:
+      tf_internal.check_peer_alive(task, _POLL_S)
+    except tf.errors.OpError as e:
+      raise PeerFailedError(
+          f"{_cluster.describe([peer])} exited or stopped answering while "
+          f"process {_cluster.process_id} waited for it to trace the same "
+          f"pmapped program: it finished early, called fewer pmaps, or "
+          f"failed. Every process must call the same pmaps in the same "
+          f"order. TensorFlow said: {type(e).__name__}: "
+          f"{_first_line(str(e))}") from e
 
 
 @contextlib.contextmanager

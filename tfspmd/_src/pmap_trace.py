@@ -9,6 +9,7 @@ output on the program's mesh.
 
 import dataclasses
 import functools
+import hashlib
 
 import tensorflow as tf
 from tensorflow.experimental import dtensor
@@ -16,6 +17,7 @@ from tensorflow.experimental import dtensor
 from tfspmd._src import axis_env
 from tfspmd._src import control_flow
 from tfspmd._src import devices as devices_lib
+from tfspmd._src import distributed
 from tfspmd._src import dtensor_settings
 from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import new_axis
@@ -160,6 +162,8 @@ def _trace(options, call, shapes, dtypes):
       spec[original_axis] = dim
     input_placements.append(placement_for(mesh_key, tuple(spec)))
   result = built["result"]
+  distributed.check_same_program(
+      _describe(options, mesh_key, specs, concrete.graph))
   mesh = mesh_lib.mesh_for_axes(*mesh_key)
   return Program(
       function=tf_internal.flat_caller(
@@ -180,6 +184,23 @@ def _trace(options, call, shapes, dtypes):
           mesh_key[2], len(mesh_key[1]),
           devices_lib.process_count(), concrete.graph.as_graph_def()),
       mesh=mesh)
+
+
+def _describe(options, mesh_key, specs, graph):
+  """The traced program in words every process would write the same way.
+
+  Two lambdas on one line have one name: the digest of the program's op
+  types tells their programs apart (a psum's from a pmax's).
+  """
+  function = getattr(options.fun, "__qualname__", type(options.fun).__name__)
+  _, sizes, devices = mesh_key
+  inputs = ", ".join(f"{spec.dtype.name}{spec.shape.as_list()}"
+                     for spec in specs)
+  ops = hashlib.sha1(" ".join(
+      op.type for op in graph.get_operations()).encode()).hexdigest()[:10]
+  return (f"pmap of {function} over axis {options.axis_name!r}, a mesh of "
+          f"{' x '.join(str(s) for s in sizes)} on devices "
+          f"{[device.id for device in devices]}, inputs ({inputs}), ops {ops}")
 
 
 def _check_static_shapes(result):

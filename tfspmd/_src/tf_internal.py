@@ -151,6 +151,29 @@ def configure_coordination_service(leader, register_timeout_s,
   context.coordination_service.cluster_register_with_barrier = True
 
 
+def publish(key, value):
+  """Puts `value` under `key` in the coordination service's key-value store."""
+  _context.context().set_config_key_value(key, value)
+
+
+def read_published(key, timeout_s):
+  """The value another process published under `key`, waiting `timeout_s`.
+
+  Raises:
+    tf.errors.DeadlineExceededError: If nothing is published in time.
+  """
+  return _context.context().get_config_key_value(key, int(timeout_s * 1000))
+
+
+def check_peer_alive(task, timeout_s):
+  """Raises `tf.errors.UnavailableError` if the process `task` is gone.
+
+  `task` is '/job:NAME/replica:0/task:N'; the probe waits `timeout_s`.
+  """
+  _context.context().check_collective_ops_peer_health(
+      task, int(timeout_s * 1000))
+
+
 def flat_caller(concrete_function, captured):
   """A fast way to call a ConcreteFunction with its inputs as a flat list.
 
