@@ -131,6 +131,7 @@ class DeviceBatches:
     """The dataset of (this process's share, each batch's global size)."""
     total = self.total_devices
     if self._remainder == "pad":
+      _check_paddable(dataset.element_spec, total)
       dataset = dataset.map(lambda *e: _pad(_element(e), total))
     dataset = dataset.map(lambda *e: _share(
         _element(e), self.process_index, self.process_count))
@@ -207,15 +208,26 @@ def _element(args):
   return args[0] if len(args) == 1 else args
 
 
+def _check_paddable(element_spec, total):
+  """Raises unless a dataset's elements are `(x, y)` or `(x, y, weight)`.
+
+  Checked on the spec, before `Dataset.map`: raised inside the map, the
+  error would come wrapped in tf.data's trace of the function.
+  """
+  if isinstance(element_spec, tuple) and len(element_spec) in (2, 3):
+    return
+  given = type(element_spec).__name__
+  if isinstance(element_spec, tuple):
+    given += f" of length {len(element_spec)}"
+  raise ValueError(
+      f"device_batches(remainder='pad') needs elements `(x, y)` or `(x, y, "
+      f"sample_weight)`, to give the padding rows weight 0; got elements of "
+      f"type {given}. Use remainder='error' and batch sizes that divide by "
+      f"{total}.")
+
+
 def _pad(element, total):
   """Pads a global batch to a multiple of `total` rows, with 0-weight rows."""
-  if not isinstance(element, tuple) or len(element) not in (2, 3):
-    raise ValueError(
-        f"device_batches(remainder='pad') needs elements `(x, y)` or `(x, y, "
-        f"sample_weight)`, to give the padding rows weight 0; got an element "
-        f"of type {type(element).__name__}"
-        f"{f' of length {len(element)}' if isinstance(element, tuple) else ''}"
-        f". Use remainder='error' and batch sizes that divide by {total}.")
   if len(element) == 2:
     element = element + (tf.ones([_batch_size(element)], tf.float32),)
   padded, _ = pad_rows(element, total)

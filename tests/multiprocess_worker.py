@@ -152,15 +152,7 @@ def dead_peer():
     print(json.dumps({"exited": True}), flush=True)
     os._exit(0)  # pylint: disable=protected-access
   time.sleep(1.0)  # Let the peer go.
-  start = time.monotonic()
-  try:
-    out = tfspmd.pmap(lambda x: lax.psum(x, "i"), axis_name="i")(tf.ones(2))
-    # The call may return before its collective finishes: read the result.
-    value = np.asarray(out).tolist()
-  except tfspmd.distributed.PeerFailedError as e:
-    return {"error": type(e).__name__, "message": str(e),
-            "seconds": time.monotonic() - start}
-  return {"error": None, "value": value}
+  return _psum_of_ones_or_peer_failure()
 
 
 def never_joined():
@@ -228,9 +220,15 @@ def finishes_early():
   _initialize()
   if tfspmd.process_index() == 1:
     return {"finished": True}
+  return _psum_of_ones_or_peer_failure()
+
+
+def _psum_of_ones_or_peer_failure():
+  """A psum's value, or the PeerFailedError it raised and how long that took."""
   start = time.monotonic()
   try:
     out = tfspmd.pmap(lambda x: lax.psum(x, "i"), axis_name="i")(tf.ones(2))
+    # The call may return before its collective finishes: read the result.
     value = np.asarray(out).tolist()
   except tfspmd.distributed.PeerFailedError as e:
     return {"error": type(e).__name__, "message": str(e),
