@@ -1236,8 +1236,8 @@ def _():
 @case("keras-uncompiled", KERAS, "KerasTrainer of a model never compiled",
       ValueError, r"the model '.*' is not compiled with an optimizer")
 def _():
-  keras_training.KerasTrainer(
-      keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+  keras_training.KerasTrainer(keras.Sequential(
+      [keras.Input((2,)), keras.layers.Dense(1)], name="uncompiled"))
 
 
 @case("keras-x-only-with-loss", KERAS,
