@@ -134,12 +134,7 @@ def test_callbacks_see_the_trained_model_at_each_epoch_end():
 
 def test_batch_norm_moving_statistics_are_averaged_over_devices():
   x, y = data(seed=4)
-  keras.utils.set_random_seed(5)
-  model = keras.Sequential([keras.Input((FEATURES,)),
-                            keras.layers.BatchNormalization(momentum=0.9),
-                            keras.layers.Dense(CLASSES)])
-  model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
-      from_logits=True))
+  model = batch_norm_model()
   keras_training.KerasTrainer(model).fit(x[:BATCH], y[:BATCH],
                                          batch_size=BATCH, epochs=1, verbose=0)
   per_device = x[:BATCH].reshape(8, BATCH // 8, FEATURES)

@@ -306,7 +306,7 @@ def _join_timeout_message(cluster, message, timeout):
       f"{_first_line(message)}")
 
 
-def check_same_program(description):
+def check_same_program(describe):
   """Raises unless every process traced the same program at this point.
 
   Each process publishes a description of every program it traces (the
@@ -318,7 +318,8 @@ def check_same_program(description):
   an order that changes after every program is traced is not seen.
 
   Args:
-    description: This process's description of the program just traced.
+    describe: Returns this process's description of the program just
+      traced; called only with several processes (it walks the program).
 
   Raises:
     ValueError: If another process traced a different program.
@@ -327,6 +328,7 @@ def check_same_program(description):
   global _programs_traced
   if _cluster is None or _cluster.num_processes == 1:
     return
+  description = describe()
   with _lock:
     number = _programs_traced
     _programs_traced += 1

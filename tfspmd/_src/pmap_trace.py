@@ -163,7 +163,7 @@ def _trace(options, call, shapes, dtypes):
     input_placements.append(placement_for(mesh_key, tuple(spec)))
   result = built["result"]
   distributed.check_same_program(
-      _describe(options, mesh_key, specs, concrete.graph))
+      lambda: _describe(options, mesh_key, specs, concrete.graph))
   mesh = mesh_lib.mesh_for_axes(*mesh_key)
   return Program(
       function=tf_internal.flat_caller(
