@@ -116,7 +116,7 @@ def in_id_order(devices):
   return ids == sorted(ids)
 
 
-def _nodes(graph_def):
+def nodes(graph_def):
   """Every node of `graph_def` and of its functions (none for None)."""
   if graph_def is None:
     return []
@@ -127,11 +127,11 @@ def _nodes(graph_def):
 
 
 def _has_loop(graph_def):
-  return any(node.op in _LOOP_OPS for node in _nodes(graph_def))
+  return any(node.op in _LOOP_OPS for node in nodes(graph_def))
 
 
 def _has_wide_unsigned(graph_def):
-  for node in _nodes(graph_def):
+  for node in nodes(graph_def):
     for value in node.attr.values():
       if value.type in _WIDE_UNSIGNED or any(
           t in _WIDE_UNSIGNED for t in value.list.type):

@@ -22,6 +22,7 @@ from tfspmd._src import dtensor_settings
 from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import new_axis
 from tfspmd._src import placement as placement_lib
+from tfspmd._src import replicated_ops
 from tfspmd._src import steps as steps_lib
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
@@ -165,6 +166,8 @@ def _trace(options, call, shapes, dtypes):
   distributed.check_same_program(
       lambda: _describe(options, mesh_key, specs, concrete.graph))
   mesh = mesh_lib.mesh_for_axes(*mesh_key)
+  graph_def = concrete.graph.as_graph_def()
+  replicated_ops.enroll(node.op for node in dtensor_settings.nodes(graph_def))
   return Program(
       function=tf_internal.flat_caller(
           concrete, [_on_mesh(value, mesh)
@@ -182,7 +185,7 @@ def _trace(options, call, shapes, dtypes):
       trainable_variables=tuple(concrete.trainable_variables),
       dtensor_switches=dtensor_settings.for_program(
           mesh_key[2], len(mesh_key[1]),
-          devices_lib.process_count(), concrete.graph.as_graph_def()),
+          devices_lib.process_count(), graph_def),
       mesh=mesh)
 
 

@@ -112,6 +112,23 @@ def default_pfor_converter(op_type):
   return _pfor._pfor_converter_registry[op_type]  # pylint: disable=protected-access
 
 
+def has_default_pfor_converter(op_type):
+  """True if pfor has a converter of its own for ops of `op_type`."""
+  return op_type in _pfor._pfor_converter_registry  # pylint: disable=protected-access
+
+
+def refuses_input(error):
+  """True if `error`, from a pfor converter, refuses how an input is stacked.
+
+  pfor's converters need some inputs the same on every position (the begin
+  of a StridedSlice) or raise `ConversionNotImplementedError` for a case
+  they do not handle.
+  """
+  return isinstance(error, _pfor.ConversionNotImplementedError) or (
+      isinstance(error, ValueError) and
+      _LOOP_INVARIANT_INPUT.search(str(error)) is not None)
+
+
 def set_pfor_converter(operation, converter):
   """Makes pfor call `converter(pfor_input)` for `operation`."""
   operation.pfor_converter = converter
