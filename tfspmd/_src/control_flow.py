@@ -33,9 +33,12 @@ import tensorflow as tf
 
 from tfspmd._src import conv_gradients
 from tfspmd._src import dtensor_rewrites
+from tfspmd._src import dynamic_slices
 from tfspmd._src import new_axis
+from tfspmd._src import per_position
 from tfspmd._src import random_ops
 from tfspmd._src import stacking
+from tfspmd._src import static_values
 from tfspmd._src import tensor_lists
 from tfspmd._src import tf_internal
 
@@ -53,12 +56,15 @@ COLLECTIVE_ATTRIBUTE = "_tfspmd_collective"
 def mark(operations):
   """Gives `operations`, and the ops of the functions they call, our converters."""
   conv_gradients.mark(operations)
+  dynamic_slices.mark(operations)
   new_axis.mark_slices(operations)
   random_ops.mark(operations)
   dtensor_rewrites.mark(operations)
   for operation in operations:
     converter = _CONVERTERS.get(operation.type)
     if converter is None:
+      if not hasattr(operation, "pfor_converter"):
+        per_position.give_fallback(operation)
       continue
     tf_internal.set_pfor_converter(operation, converter)
     for graph in _called_graphs(operation):
@@ -196,10 +202,25 @@ def _convert_if(pfor_input):
     found = _collectives_in(graphs)
     if found is not None:
       raise _diverging_collective_error(found, "tf.cond", "predicate")
+  # The per-device op's predicate folds where it depends on static shapes.
+  known = static_values.value(pfor_input.op.inputs[0])
+  if known is not None:
+    return _only_branch(pfor_input, graphs[0 if known else 1], values[1:])
   truth = tf.cast(predicate.tensor, tf.bool)
   outputs = _branch_outputs(pfor_input, graphs, values[1:])
   return _merge_branches(pfor_input, [truth, tf.logical_not(truth)], outputs,
                          predicate.stacked)
+
+
+def _only_branch(pfor_input, graph, inputs):
+  """The branch a predicate known when tracing takes, alone.
+
+  TensorFlow's own code conditions on static sizes (`tf.math.
+  is_non_decreasing` of a short vector), and its branches may then give
+  shapes that no select could merge.
+  """
+  outputs = _branch_outputs(pfor_input, [graph], inputs)[0]
+  return [tf_internal.wrap_converted(v.tensor, v.stacked) for v in outputs]
 
 
 @_do_not_convert
@@ -214,6 +235,11 @@ def _convert_case(pfor_input):
     if found is not None:
       raise _diverging_collective_error(
           found, "tf.switch_case (or tf.case)", "branch index")
+  known = static_values.value(pfor_input.op.inputs[0])
+  if known is not None:
+    # An index out of range takes the last branch, as the Case op does.
+    branch = int(known) if 0 <= int(known) < count else count - 1
+    return _only_branch(pfor_input, graphs[branch], values[1:])
   # An index out of range takes the last branch, as the Case op does.
   chosen = [tf.equal(index.tensor, k) for k in range(count - 1)]
   chosen.append(tf.logical_not(tf.reduce_any(

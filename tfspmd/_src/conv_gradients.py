@@ -12,6 +12,7 @@ gradient over the batch and spatial axes, all in ops DTensor expands.
 
 import tensorflow as tf
 
+from tfspmd._src import stacking
 from tfspmd._src import tf_internal
 
 
@@ -26,14 +27,15 @@ def mark(operations):
 def _convert(pfor_input):
   inputs, inputs_stacked, _ = pfor_input.input(0)
   out_backprop, backprop_stacked, _ = pfor_input.input(2)
-  filter_sizes = pfor_input.unstacked_input(1)
-  size = pfor_input.pfor.loop_len_vector[0]
+  # With a filter that differs between devices the converted sizes are
+  # computed from the stacked filter; the per-device op's are static.
+  filter_sizes = _static_sizes(pfor_input.op.inputs[1])
+  size = tf_internal.pfor_loop_size(pfor_input)
+  # Not tf.broadcast_to(x[None]): DTensor crashes on a new-axis slice.
   if not inputs_stacked:
-    inputs = tf.broadcast_to(inputs[None], tf.concat(
-        [[size], tf.shape(inputs)], 0))
+    inputs = stacking.repeat_along_new_axis(inputs, 0, size)
   if not backprop_stacked:
-    out_backprop = tf.broadcast_to(out_backprop[None], tf.concat(
-        [[size], tf.shape(out_backprop)], 0))
+    out_backprop = stacking.repeat_along_new_axis(out_backprop, 0, size)
   grads = _filter_gradient(
       inputs, out_backprop, filter_sizes,
       strides=pfor_input.get_attr("strides"),
@@ -41,6 +43,21 @@ def _convert(pfor_input):
       padding=pfor_input.get_attr("padding").decode(),
       explicit_paddings=pfor_input.get_attr("explicit_paddings"))
   return [tf_internal.wrap_converted(grads, True)]
+
+
+def _static_sizes(sizes):
+  """The value of a shape tensor known when tracing (a `tf.shape_n` too)."""
+  known = tf.get_static_value(sizes)
+  if known is None and sizes.op.type == "ShapeN":
+    shape = sizes.op.inputs[sizes.value_index].shape
+    if shape.is_fully_defined():
+      known = shape.as_list()
+  if known is None:
+    raise ValueError(
+        f"the gradient of a convolution inside a mapped function needs the "
+        f"filter's shape when tracing, and {sizes.op.name} has none; give "
+        f"the filter a static shape.")
+  return [int(v) for v in known]
 
 
 def _pads(length, out_length, kernel, stride, dilation):
@@ -52,7 +69,7 @@ def _pads(length, out_length, kernel, stride, dilation):
 def _filter_gradient(inputs, out_backprop, filter_sizes, *, strides,
                      dilations, padding, explicit_paddings):
   """[n, b, h, w, c_in] x [n, b, h', w', c_out] -> [n, kh, kw, c_in, c_out]."""
-  kernel_h, kernel_w = (int(v) for v in tf.get_static_value(filter_sizes)[:2])
+  kernel_h, kernel_w = (int(v) for v in filter_sizes[:2])
   _, _, height, width, _ = inputs.shape.as_list()
   _, _, out_h, out_w, _ = out_backprop.shape.as_list()
   stride_h, stride_w = strides[1], strides[2]

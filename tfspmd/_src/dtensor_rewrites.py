@@ -7,10 +7,12 @@ einsum"). Each has a static equivalent once the per-device shapes are
 known: a reverse or a roll is a gather of permuted positions, an argmin the
 argmax of the negated value, a band a mask, a diagonal a gather, and an
 ellipsis stands for as many explicit axis letters as the operands' ranks
-leave. pfor's own converter of a depthwise convolution needs a per-device
-filter; with a filter the same everywhere, the devices fold into the batch,
-and so they do for the image resizes pfor has no converter for. pfor has
-none for `L2Loss` either: half the sum of squares.
+leave, and a roll by a shift that differs between devices a gather of
+each device's own positions. pfor's own converter of a depthwise
+convolution needs a per-device filter; with a filter the same everywhere,
+the devices fold into the batch, and so they do for the image resizes pfor
+has no converter for. pfor has none for `L2Loss` either: half the sum of
+squares.
 """
 
 import string
@@ -108,6 +110,8 @@ def _static_shapes(pfor_input):
 @_do_not_convert
 def _convert_roll(pfor_input):
   value, stacked, known = _static_shapes(pfor_input)
+  if pfor_input.input(1).is_stacked:
+    return _convert_roll_by_device(pfor_input)
   shifts = tf.get_static_value(pfor_input.unstacked_input(1))
   axes = tf.get_static_value(pfor_input.unstacked_input(2))
   if not known or shifts is None or axes is None:
@@ -123,6 +127,28 @@ def _convert_roll(pfor_input):
     positions = [(k - shift) % length for k in range(length)]
     value = tf.gather(value, positions, axis=axis + offset)
   return [tf_internal.wrap_converted(value, stacked)]
+
+
+def _convert_roll_by_device(pfor_input):
+  """A roll whose shift differs between devices: a gather of each row."""
+  value = pfor_input.stacked_input(0)
+  shifts = pfor_input.stacked_input(1)
+  axes = tf.get_static_value(pfor_input.unstacked_input(2))
+  rank = pfor_input.op.inputs[0].shape.rank
+  if (axes is None or rank is None or
+      not value.shape[1:].is_fully_defined()):
+    raise ValueError(
+        f"tf.roll ({pfor_input.op.name.split('/pfor/')[0]}) with a shift "
+        f"that differs between devices: tfspmd maps it only with static "
+        f"axes and a value of static shape.")
+  shifts = tf.reshape(shifts, [value.shape[0], -1])
+  for k, axis in enumerate(axes.reshape(-1)):
+    axis = int(axis) % rank
+    length = value.shape[axis + 1]
+    positions = (tf.range(length)[None, :] -
+                 tf.cast(shifts[:, k:k + 1], tf.int32)) % length
+    value = tf.gather(value, positions, axis=axis + 1, batch_dims=1)
+  return [tf_internal.wrap_converted(value, True)]
 
 
 @_do_not_convert
