@@ -3,6 +3,7 @@
 import tensorflow as tf
 
 from tfspmd._src import tree
+from tfspmd._src.collectives import constants
 
 
 # What each collective takes: (description, test of a tf.DType).
@@ -15,11 +16,14 @@ ORDERED = ("real numbers (integer or floating; not bool or complex)",
 
 
 def leafwise(function, x, *, collective, accepts=ARRAYS, ordered=False,
-             uint64_as_int64=True):
+             uint64_as_int64=True, constant=None):
   """Applies `function` to each leaf of the pytree `x`, as a tensor.
 
   A uint64 leaf goes through `function` as int64 (see `as_int64`), unless
   `uint64_as_int64` is False; `ordered` says the collective compares values.
+  With `constant`, a leaf that is a Python number or a NumPy value of a
+  dtype `collective` accepts gives `constant(leaf)` instead, a host value
+  (see `constants`).
 
   Raises:
     TypeError: Naming the leaf's path in `x`, if a leaf is not an array or
@@ -30,6 +34,11 @@ def leafwise(function, x, *, collective, accepts=ARRAYS, ordered=False,
   kind, accepted = accepts
   results = []
   for leaf, path in zip(leaves, paths):
+    if constant is not None:
+      dtype = constants.host_dtype(leaf)
+      if dtype is not None and accepted(dtype):
+        results.append(constant(leaf))
+        continue
     try:
       tensor = tf.convert_to_tensor(leaf)
     except (TypeError, ValueError):

@@ -6,12 +6,17 @@ of the axis, so it leaves the converter unstacked (no broadcast back).
 Transposes: the cotangent of psum is the psum of the cotangent; pmax and
 pmin send the summed cotangent to the positions that hold the extremum,
 split evenly between ties.
+
+Python numbers and NumPy values are the same on every device: their
+reductions are computed while tracing and come back as host values of the
+operand's type, as in JAX (see `constants`).
 """
 
 import tensorflow as tf
 
 from tfspmd._src import axis_env
 from tfspmd._src.collectives import checks
+from tfspmd._src.collectives import constants
 from tfspmd._src.collectives import marker
 
 
@@ -31,14 +36,22 @@ def _psum_leaf(value, targets, function="psum"):
 def psum(x, axis_name):
   """Sums `x` over the devices of the named axis (or axes).
 
+  A leaf of `x` that is a Python number (int, float or complex) or a NumPy
+  value is the same on every device: as in JAX, its sum is the axis size
+  times it, computed while tracing and returned in its own type, not as a
+  tensor. So `psum(1, axis_name)` is the axis size as a Python int (the
+  product of the sizes for a tuple of axes), usable in `range(...)`;
+  `psum(2.0, 'i')` is a Python float and a NumPy operand gives NumPy. A
+  tensor leaf, even `tf.constant(1)`, gives a tensor.
+
   Args:
-    x: A tensor or a pytree of tensors (Python numbers are converted).
+    x: A tensor, Python number or NumPy value, or a pytree of them.
     axis_name: An axis name bound by an enclosing `pmap`/`vmap`, or a tuple
       of such names to sum over all of them.
 
   Returns:
     The sum, with the structure and shapes of `x`, the same on every device
-    of the named axes. `psum(1, axis_name)` is the axis size.
+    of the named axes.
 
   Raises:
     NameError: If an axis name is not bound by an enclosing map.
@@ -48,10 +61,25 @@ def psum(x, axis_name):
     >>> f = lambda x: x / tfspmd.lax.psum(x, axis_name='i')
     >>> print(tfspmd.pmap(f, axis_name='i')(tf.range(4.)))
     [0.         0.16666667 0.33333334 0.5       ]
+
+    The axis size as a Python int drives a Python loop, here a ring sum:
+
+    >>> def ring_sum(x):
+    ...   n = tfspmd.lax.psum(1, 'i')
+    ...   right = [(k, (k + 1) % n) for k in range(n)]
+    ...   total = x
+    ...   for _ in range(n - 1):
+    ...     x = tfspmd.lax.ppermute(x, 'i', right)
+    ...     total += x
+    ...   return total
+    >>> print(tfspmd.pmap(ring_sum, axis_name='i')(tf.range(4.)))
+    [6. 6. 6. 6.]
   """
   targets = axis_env.normalize_axis_names(axis_name, "psum")
+  size = checks.total_size(targets)
   return checks.leafwise(lambda leaf: _psum_leaf(leaf, targets), x,
-                         collective="psum", accepts=checks.NUMBERS)
+                         collective="psum", accepts=checks.NUMBERS,
+                         constant=lambda leaf: constants.scaled(leaf, size))
 
 
 def pmean(x, axis_name):
@@ -60,15 +88,21 @@ def pmean(x, axis_name):
   Integers give floats: float64 for int64, uint32 and uint64 (so large
   values keep their precision), float32 for the narrower ones.
 
+  A leaf that is a Python number or a NumPy value gives, as in JAX,
+  `psum(x, axis_name) / psum(1, axis_name)` computed while tracing: a host
+  value, `x` up to rounding, of the type Python's or NumPy's division gives
+  (`pmean(1, 'i')` is the Python float 1.0; NumPy int32 gives float64).
+
   Example:
     >>> import tensorflow as tf, tfspmd
     >>> print(tfspmd.pmap(lambda x: tfspmd.lax.pmean(x, 'i'), 'i')(tf.range(4.)))
     [1.5 1.5 1.5 1.5]
+    >>> f = lambda x: x * tfspmd.lax.pmean(3, 'i')  # the Python float 3.0
+    >>> print(tfspmd.pmap(f, 'i')(tf.range(4.)))
+    [0. 3. 6. 9.]
   """
   targets = axis_env.normalize_axis_names(axis_name, "pmean")
-  count = 1
-  for frame in targets:
-    count *= frame.size
+  count = checks.total_size(targets)
 
   def mean(leaf):
     total = checks.as_int64(lambda v: _psum_leaf(v, targets, "pmean"), leaf)
@@ -79,8 +113,10 @@ def pmean(x, axis_name):
       return tf.cast(total, tf.float64 if wide else tf.float32) / count
     return total / tf.cast(count, total.dtype)
 
-  return checks.leafwise(mean, x, collective="pmean",
-                         accepts=checks.NUMBERS, uint64_as_int64=False)
+  return checks.leafwise(
+      mean, x, collective="pmean", accepts=checks.NUMBERS,
+      uint64_as_int64=False,
+      constant=lambda leaf: constants.scaled(leaf, count) / count)
 
 
 def _extremum_step(reduce):
@@ -110,13 +146,17 @@ def _extremum(x, axis_name, function, reduce):
     return extremum_with_transpose(leaf)
 
   return checks.leafwise(leaf_extremum, x, collective=function,
-                         accepts=checks.ORDERED, ordered=True)
+                         accepts=checks.ORDERED, ordered=True,
+                         constant=lambda leaf: leaf)
 
 
 def pmax(x, axis_name):
   """The elementwise maximum of `x` over the devices of the named axis (or axes).
 
   Its gradient goes to the device(s) holding the maximum, split between ties.
+  A leaf that is a Python number or a NumPy value is the same on every
+  device, so its maximum is that leaf itself, returned as it is (JAX
+  returns it as an array).
 
   Example:
     >>> import tensorflow as tf, tfspmd
@@ -129,6 +169,9 @@ def pmax(x, axis_name):
 
 def pmin(x, axis_name):
   """The elementwise minimum of `x` over the devices of the named axis (or axes).
+
+  A leaf that is a Python number or a NumPy value is returned as it is, as
+  `pmax` does.
 
   Example:
     >>> import tensorflow as tf, tfspmd
