@@ -40,13 +40,22 @@ def test_filter_and_input_gradients_per_device(strides, padding, dilations):
     np.testing.assert_allclose(got_x[device], want_x, rtol=1e-4, atol=1e-4)
 
 
-def test_kernels_that_differ_between_devices_are_a_clear_error():
-  # pfor has no Conv2D converter for a filter that varies along the axis.
+def test_kernels_that_differ_between_devices_convolve_each_device_own():
+  # pfor has no Conv2D converter for a filter that varies along the axis:
+  # each device's convolution is computed on its own kernel.
   kernels, x = data(4, 3, 3, 1, 2), data(2, 5, 5, 1, seed=2)
-  with pytest.raises(ValueError, match=r"gives the op Conv2D an input `filter` "
-                     r"that differs between devices.*in_axes=None"):
-    tfspmd.pmap(lambda k, v: tf.nn.conv2d(v, k, 1, "SAME"), "i",
-                in_axes=(0, None))(kernels, x)
+  got = tfspmd.pmap(lambda k, v: tf.nn.conv2d(v, k, 1, "SAME"), "i",
+                    in_axes=(0, None))(kernels, x)
+  padded = np.pad(x, [(0, 0), (1, 1), (1, 1), (0, 0)])
+  for device in range(4):
+    expected = np.zeros((2, 5, 5, 2), np.float32)
+    for row in range(5):
+      for column in range(5):
+        window = padded[:, row:row + 3, column:column + 3, :]
+        expected[:, row, column] = np.einsum("bhwc,hwco->bo", window,
+                                             kernels[device])
+    np.testing.assert_allclose(np.asarray(got)[device], expected, rtol=1e-4,
+                               atol=1e-5)
 
 
 def test_data_parallel_conv_step_matches_the_global_batch_gradient():

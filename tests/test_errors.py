@@ -657,12 +657,32 @@ def _():
 # --- ops inside the mapped function -------------------------------------------------
 
 
-@case("unvectorizable-op", OPS,
-      "an op pfor cannot vectorize (tf.unique)", ValueError,
-      r"uses the op Unique, which TensorFlow's vectorizer \(pfor\) cannot map "
-      r"over an axis. Compute it outside the mapped function")
+@case("per-device-size", OPS,
+      "an op whose result size depends on per-device data (tf.unique)",
+      ValueError,
+      r"the op Unique \(Unique\) gets inputs that differ between devices and "
+      r"gives a result of shape \(None,\), whose size depends on those inputs")
 def _():
   P(lambda x: tf.unique(x)[0])(np.zeros((2, 3)))
+
+
+@case("strided-slice-offset-step", OPS,
+      "a strided slice with a step, at an offset that differs between "
+      "devices", ValueError,
+      r"starts at an offset that differs between devices, and tfspmd maps "
+      r"such a slice only with steps of 1")
+def _():
+  P(lambda x: x[lax.axis_index("i") % 2::2], "i")(np.zeros((2, 6)))
+
+
+@case("slice-offset-unknown-size", OPS,
+      "tf.slice to the end (-1) from an offset that differs between devices",
+      ValueError,
+      r"starts at an offset that differs between devices and has the size "
+      r"\(None,\), not known when tracing")
+def _():
+  P(lambda x: tf.slice(x, tf.reshape(lax.axis_index("i"), [1]), [-1]),
+    "i")(np.zeros((2, 6)))
 
 
 @case("variable-assign", OPS, "assigning to a tf.Variable inside",
@@ -671,15 +691,6 @@ def _():
 def _():
   v = tf.Variable(0., dtype=tf.float64)
   P(lambda x: v.assign_add(tf.reduce_sum(x)))(np.zeros(2))
-
-
-@case("op-dtensor-cannot-place", OPS,
-      "an op DTensor has no layout for (tf.linalg.inv)", ValueError,
-      r"uses the op MatrixInverse, which DTensor \(TF [\d.]+\) cannot place on "
-      r"the mesh: does not implement layout propagation. To fix: .*"
-      r"DTENSOR_ENABLE_REPLICATED_SPMD_AS_DEFAULT_TF.MATRIXINVERSE=1")
-def _():
-  P(tf.linalg.inv, "i")(np.stack([np.eye(2, dtype=np.float32)] * 2))
 
 
 @case("stateful-random", OPS, "tf.random.uniform inside", ValueError,

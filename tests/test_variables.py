@@ -90,7 +90,7 @@ def test_state_passed_as_an_argument_and_returned():
   np.testing.assert_array_equal(total.numpy(), 3 * x)
 
 
-def test_an_op_pfor_cannot_vectorize_is_named():
-  with pytest.raises(ValueError, match="uses the op Unique, which TensorFlow's "
-                     "vectorizer \\(pfor\\) cannot map over an axis"):
+def test_an_op_whose_size_depends_on_per_device_data_is_named():
+  with pytest.raises(ValueError, match="the op Unique \\(Unique\\) gets inputs "
+                     "that differ between devices"):
     tfspmd.pmap(lambda v: tf.unique(v)[0][:1])(np.zeros((4, 3), np.float32))

@@ -37,6 +37,7 @@ from tfspmd._src import dynamic_slices
 from tfspmd._src import new_axis
 from tfspmd._src import per_position
 from tfspmd._src import random_ops
+from tfspmd._src import shape_folding
 from tfspmd._src import stacking
 from tfspmd._src import static_values
 from tfspmd._src import tensor_lists
@@ -136,9 +137,12 @@ def _select(predicate, on_true, on_false):
 def prepare(conversion, operations, position=None):
   """Defines the TensorArrays among `operations` as dense tensors.
 
+  Shape computations known when tracing become constants first.
+
   `position` is the `tensor_lists.LoopPosition` where `operations` are the
   body of a loop.
   """
+  shape_folding.fold(conversion, operations)
   tensor_lists.densify(conversion, operations, _convert_while, position)
 
 

@@ -65,15 +65,34 @@ def convert(pfor_input):
             for value, original in zip(values, operation.inputs)]
   per_position = []
   for k in range(size):
-    inputs = [tf.gather(v.tensor, k) if v.stacked else v.tensor
-              for v in values]
+    inputs = [_at_position(v, k) for v in values]
     outputs = tf_internal.recreate_op(operation, inputs)
-    for output in outputs:
+    for output, first in zip(outputs, per_position[0] if per_position else
+                             outputs):
       if not output.shape.is_fully_defined():
         raise _data_dependent_error(operation, output.shape)
+      if output.shape != first.shape:
+        raise _data_dependent_error(operation, operation.outputs[0].shape)
     per_position.append(outputs)
   return [tf_internal.wrap_converted(stack(outputs), True)
           for outputs in zip(*per_position)]
+
+
+def _at_position(value, position):
+  """The input of the op's copy at `position`.
+
+  An integer input known when tracing (offsets or sizes computed from
+  `axis_index`) enters as a constant: DTensor's expansion of an op whose
+  sizes come from such an input reads only constants, and gives a wrong
+  shape otherwise (a strided slice, TF 2.21).
+  """
+  if not value.stacked:
+    return value.tensor
+  if value.tensor.dtype.is_integer:
+    known = tf.get_static_value(value.tensor)
+    if known is not None:
+      return tf.constant(known[position], value.tensor.dtype)
+  return tf.gather(value.tensor, position)
 
 
 def _known_value(value, original):

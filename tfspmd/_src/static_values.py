@@ -10,6 +10,8 @@ routes that need such a value read it here.
 import numpy as np
 import tensorflow as tf
 
+from tfspmd._src import tf_internal
+
 _BINARY = {
     "Less": np.less, "LessEqual": np.less_equal, "Greater": np.greater,
     "GreaterEqual": np.greater_equal, "Equal": np.equal,
@@ -19,10 +21,20 @@ _BINARY = {
 }
 
 
+# Ops on small integer tensors (shapes, offsets) that are run eagerly once
+# their inputs are known.
+_INDEX_OPS = frozenset({
+    "ConcatV2", "ExpandDims", "GatherV2", "Max", "Min", "Pack", "Prod",
+    "Reshape", "Slice", "Squeeze", "StridedSlice", "Sum",
+})
+
+
 def value(tensor, depth=8):
   """The NumPy value of `tensor` if it is known when tracing, else None.
 
   >>> import tensorflow as tf
+
+from tfspmd._src import tf_internal
   >>> graph = tf.Graph()
   >>> with graph.as_default():
   ...   x = tf.compat.v1.placeholder(tf.float32, [6])
@@ -50,6 +62,18 @@ def value(tensor, depth=8):
   if kind == "Size" and operation.inputs[0].shape.is_fully_defined():
     return np.asarray(operation.inputs[0].shape.num_elements(),
                       tensor.dtype.as_numpy_dtype)
+  if kind == "ShapeN":
+    shape = operation.inputs[tensor.value_index].shape
+    if shape.is_fully_defined():
+      return np.asarray(shape.as_list(), tensor.dtype.as_numpy_dtype)
+    return None
+  if kind in _INDEX_OPS and tensor.dtype.is_integer:
+    inputs = [value(t, depth - 1) for t in operation.inputs]
+    if any(v is None for v in inputs):
+      return None
+    with tf.init_scope():
+      outputs = tf_internal.recreate_op_eagerly(operation, inputs)
+    return outputs[tensor.value_index].numpy()
   return None
 
 

@@ -9,6 +9,7 @@ test suite runs on.
 """
 
 import contextlib
+import logging
 import re
 
 import tensorflow as tf
@@ -18,6 +19,7 @@ SUPPORTED_TF_VERSIONS = ("2.21",)
 try:
   from tensorflow.dtensor.python import accelerator_util as _accelerator_util
   from tensorflow.python.eager import context as _context
+  from tensorflow.python.eager import execute as _execute
   from tensorflow.python.eager import record as _record
   from tensorflow.python.framework import func_graph as _func_graph
   from tensorflow.python.framework import op_callbacks as _op_callbacks
@@ -72,7 +74,32 @@ def vectorize_loop(loop_fn, iterations, prepare):
   for external, internal in per_position.captures:
     conversion.define(internal, ConvertedValue(external, False))
   prepare(conversion, per_position.get_operations())
-  return [stacked(conversion.convert(t), iterations) for t in outputs]
+  with _quiet_conversion_errors():
+    return [stacked(conversion.convert(t), iterations) for t in outputs]
+
+
+class _ConversionErrorFilter(logging.Filter):
+  """Drops pfor's log of a failed conversion (the op's NodeDef, its stack).
+
+  tfspmd turns every such failure into one error of its own; pfor's log
+  would print TensorFlow's internals before it.
+  """
+
+  def filter(self, record):
+    message = str(record.msg)
+    return not (message.startswith("Got error while pfor was converting op")
+                or message == "%s\ncreated at:\n  %s")
+
+
+@contextlib.contextmanager
+def _quiet_conversion_errors():
+  log = logging.getLogger("tensorflow")
+  quiet = _ConversionErrorFilter()
+  log.addFilter(quiet)
+  try:
+    yield
+  finally:
+    log.removeFilter(quiet)
 
 
 def unvectorizable_op(error):
@@ -342,3 +369,14 @@ def recreate_op(operation, inputs):
       operation.type, inputs, [t.dtype for t in operation.outputs],
       operation.node_def.attr)
   return copy.outputs
+
+
+def recreate_op_eagerly(operation, inputs):
+  """`operation` (type and attributes) run eagerly on `inputs`; its outputs."""
+  attrs = []
+  for name, value in operation.node_def.attr.items():
+    attrs.extend([name, operation.get_attr(name)])
+  return _execute.execute(
+      operation.type.encode(), len(operation.outputs),
+      inputs=[tf.constant(v) for v in inputs], attrs=tuple(attrs),
+      ctx=_context.context())
