@@ -35,6 +35,7 @@ from tfspmd._src import conv_gradients
 from tfspmd._src import dtensor_rewrites
 from tfspmd._src import new_axis
 from tfspmd._src import random_ops
+from tfspmd._src import shape_folding
 from tfspmd._src import stacking
 from tfspmd._src import tensor_lists
 from tfspmd._src import tf_internal
@@ -128,11 +129,13 @@ def _select(predicate, on_true, on_false):
 
 @_do_not_convert
 def prepare(conversion, operations, position=None):
-  """Defines the TensorArrays among `operations` as dense tensors.
+  """Defines for pfor what among `operations` it cannot convert as it is.
 
-  `position` is the `tensor_lists.LoopPosition` where `operations` are the
+  TensorArrays become dense tensors, and gradient shape computations
+  constants (`shape_folding`). `position` is the `tensor_lists.LoopPosition` where `operations` are the
   body of a loop.
   """
+  shape_folding.fold(conversion, operations)
   tensor_lists.densify(conversion, operations, _convert_while, position)
 
 

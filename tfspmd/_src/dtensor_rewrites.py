@@ -17,6 +17,7 @@ import string
 
 import tensorflow as tf
 
+from tfspmd._src import shape_folding
 from tfspmd._src import tf_internal
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
@@ -108,8 +109,8 @@ def _static_shapes(pfor_input):
 @_do_not_convert
 def _convert_roll(pfor_input):
   value, stacked, known = _static_shapes(pfor_input)
-  shifts = tf.get_static_value(pfor_input.unstacked_input(1))
-  axes = tf.get_static_value(pfor_input.unstacked_input(2))
+  shifts = shape_folding.static_value(pfor_input.unstacked_input(1))
+  axes = shape_folding.static_value(pfor_input.unstacked_input(2))
   if not known or shifts is None or axes is None:
     return tf_internal.default_pfor_converter("Roll")(pfor_input)
   rank = pfor_input.op.inputs[0].shape.rank
