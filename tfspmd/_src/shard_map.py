@@ -14,7 +14,9 @@ spec does not name), so `f` sees the blocks. The results come back the
 same way and are reshaped into the global arrays, whose DTensors are split
 over the mesh dimensions the out specs name. An output whose spec leaves a
 mesh axis out must be the same along it: that pmap returns it with
-out_axes=None, which checks it.
+out_axes=None, which checks it. A GradientTape around the call records it
+with its own VJP, a shard_map of `f`'s per-device VJP
+(`shard_map_gradient`).
 """
 
 import functools
@@ -136,8 +138,9 @@ def _join_output(value, spec, axis_names):
   """The global array of the expanded result `value`.
 
   A ShardedArray gives a ShardedArray split as `spec` says (over the first
-  mesh axis it names for a dimension); a tensor (what pmap returns while a
-  GradientTape records) gives a tensor, which the tape can follow.
+  mesh axis it names for a dimension); a tensor (what pmap returns inside a
+  user's tf.function while a GradientTape records) gives a tensor, which
+  the tape can follow.
   """
   shape = value.shape.as_list()
   named = sum(len(spec.axes_of(d)) for d in range(len(spec)))
@@ -285,7 +288,11 @@ def shard_map(f=None, *, mesh, in_specs, out_specs, check_vma=True):
 
   Returns:
     A function of global arrays returning global arrays (`ShardedArray`s
-    whose `dtensor_value` is split as `out_specs` say).
+    whose `dtensor_value` is split as `out_specs` say). While a
+    GradientTape records, it returns `tf.Tensor`s the tape follows; as in
+    JAX, the gradient of an input the same along a mesh axis is the sum of
+    its devices' gradients over that axis, and an output the same along one
+    counts once.
 
   Example:
     >>> import numpy as np, tfspmd
