@@ -135,12 +135,11 @@ def _select(predicate, on_true, on_false):
 
 @_do_not_convert
 def prepare(conversion, operations, position=None):
-  """Defines the TensorArrays among `operations` as dense tensors.
+  """Defines for pfor what among `operations` it cannot convert as it is.
 
-  Shape computations known when tracing become constants first.
-
-  `position` is the `tensor_lists.LoopPosition` where `operations` are the
-  body of a loop.
+  TensorArrays become dense tensors, and shape computations known when
+  tracing constants (`shape_folding`). `position` is the
+  `tensor_lists.LoopPosition` where `operations` are the body of a loop.
   """
   shape_folding.fold(conversion, operations)
   tensor_lists.densify(conversion, operations, _convert_while, position)

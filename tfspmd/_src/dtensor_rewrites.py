@@ -19,6 +19,7 @@ import string
 
 import tensorflow as tf
 
+from tfspmd._src import static_values
 from tfspmd._src import tf_internal
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
@@ -112,8 +113,9 @@ def _convert_roll(pfor_input):
   value, stacked, known = _static_shapes(pfor_input)
   if pfor_input.input(1).is_stacked:
     return _convert_roll_by_device(pfor_input)
-  shifts = tf.get_static_value(pfor_input.unstacked_input(1))
-  axes = tf.get_static_value(pfor_input.unstacked_input(2))
+  # The gradient of a roll shifts by -shift: known when shift is.
+  shifts = static_values.value(pfor_input.unstacked_input(1))
+  axes = static_values.value(pfor_input.unstacked_input(2))
   if not known or shifts is None or axes is None:
     return tf_internal.default_pfor_converter("Roll")(pfor_input)
   rank = pfor_input.op.inputs[0].shape.rank

@@ -98,9 +98,12 @@ class PmappedFunction:
       options = self._options
 
       def make_pmap(fun, in_axes, out_axes):
+        # The forward's axis size: the VJP has no mapped argument when the
+        # forward had none (a shard_map axis no spec names).
         return PmappedFunction(fun, options.axis_name, in_axes, out_axes, (),
-                               options.devices, options.backend, None, (),
-                               None, mesh_devices=options.whole_mesh_devices)
+                               options.devices, options.backend,
+                               options.args.axis_size, (), None,
+                               mesh_devices=options.whole_mesh_devices)
       vjp = pmap_gradient.VjpProgram(
           make_pmap, options.fun, call.rebuilder(), call.in_axes,
           program.output_axes, program.trainable_variables,

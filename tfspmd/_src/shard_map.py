@@ -14,7 +14,9 @@ spec does not name), so `f` sees the blocks. The results come back the
 same way and are reshaped into the global arrays, whose DTensors are split
 over the mesh dimensions the out specs name. An output whose spec leaves a
 mesh axis out must be the same along it: that pmap returns it with
-out_axes=None, which checks it.
+out_axes=None, which checks it. A GradientTape around the call records it
+with its own VJP, a shard_map of `f`'s per-device VJP
+(`shard_map_gradient`).
 """
 
 import functools
@@ -30,6 +32,8 @@ from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
 from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import pmap as pmap_lib
+from tfspmd._src import shard_map_gradient
+from tfspmd._src import tf_internal
 from tfspmd._src import tree
 from tfspmd._src.named_mesh import Mesh
 from tfspmd._src.named_mesh import PartitionSpec
@@ -134,8 +138,9 @@ def _join_output(value, spec, axis_names):
   """The global array of the expanded result `value`.
 
   A ShardedArray gives a ShardedArray split as `spec` says (over the first
-  mesh axis it names for a dimension); a tensor (what pmap returns while a
-  GradientTape records) gives a tensor, which the tape can follow.
+  mesh axis it names for a dimension); a tensor (what pmap returns inside a
+  user's tf.function while a GradientTape records) gives a tensor, which
+  the tape can follow.
   """
   shape = value.shape.as_list()
   named = sum(len(spec.axes_of(d)) for d in range(len(spec)))
@@ -180,6 +185,9 @@ class ShardMappedFunction:
     self._in_specs = in_specs
     self._out_specs = out_specs
     self._mapped = self._nest(0)
+    self._gradients = shard_map_gradient.Gradients(
+        lambda f, in_specs, out_specs: ShardMappedFunction(
+            f, mesh, in_specs, out_specs, check_vma), fun, mesh)
     functools.update_wrapper(self, fun, updated=())
 
   def _nest(self, level):
@@ -225,9 +233,21 @@ class ShardMappedFunction:
           "JAX); call shard_map at top level, or inside a tf.function.")
     specs = tree.broadcast_prefix(self._in_specs, args, spec_name="in_specs",
                                   root="args", is_spec_leaf=_is_spec)
+    specs = [_as_spec(spec) for spec in specs]
     leaves, treedef = tree.flatten(args)
     paths = tree.leaf_paths(args, "args")
-    expanded = [_expand_input(leaf, _as_spec(spec), self._mesh, path)
+    leaves = [arguments.to_array_leaf(leaf, path)
+              for leaf, path in zip(leaves, paths)]
+    if tf_internal.tape_active() and not tf.inside_function():
+      return self._gradients.recorded_call(
+          lambda values: self._run(values, treedef, specs, paths), leaves,
+          treedef, specs)
+    out_leaves, out_treedef, _ = self._run(leaves, treedef, specs, paths)
+    return out_treedef.unflatten(out_leaves)
+
+  def _run(self, leaves, treedef, specs, paths):
+    """The global results of one call: (leaves, treedef, out specs)."""
+    expanded = [_expand_input(leaf, spec, self._mesh, path)
                 for leaf, spec, path in zip(leaves, specs, paths)]
     try:
       result = self._mapped(*treedef.unflatten(expanded))
@@ -242,12 +262,12 @@ class ShardMappedFunction:
           f"the out spec, or make the output the same along it (psum or "
           f"pmean over {axis_name!r}, for example).") from None
     out_leaves, out_treedef = tree.flatten(result)
-    out_specs = tree.broadcast_prefix(self._out_specs, result,
-                                      spec_name="out_specs", root="output",
-                                      is_spec_leaf=_is_spec)
-    return out_treedef.unflatten([
-        _join_output(leaf, _as_spec(spec), self._mesh.axis_names)
-        for leaf, spec in zip(out_leaves, out_specs)])
+    out_specs = [_as_spec(spec) for spec in tree.broadcast_prefix(
+        self._out_specs, result, spec_name="out_specs", root="output",
+        is_spec_leaf=_is_spec)]
+    return ([_join_output(leaf, spec, self._mesh.axis_names)
+             for leaf, spec in zip(out_leaves, out_specs)],
+            out_treedef, out_specs)
 
 
 def shard_map(f=None, *, mesh, in_specs, out_specs, check_vma=True):
@@ -268,7 +288,11 @@ def shard_map(f=None, *, mesh, in_specs, out_specs, check_vma=True):
 
   Returns:
     A function of global arrays returning global arrays (`ShardedArray`s
-    whose `dtensor_value` is split as `out_specs` say).
+    whose `dtensor_value` is split as `out_specs` say). While a
+    GradientTape records, it returns `tf.Tensor`s the tape follows; as in
+    JAX, the gradient of an input the same along a mesh axis is the sum of
+    its devices' gradients over that axis, and an output the same along one
+    counts once.
 
   Example:
     >>> import numpy as np, tfspmd

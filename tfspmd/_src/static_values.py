@@ -24,8 +24,8 @@ _BINARY = {
 # Ops on small integer tensors (shapes, offsets) that are run eagerly once
 # their inputs are known.
 _INDEX_OPS = frozenset({
-    "ConcatV2", "ExpandDims", "GatherV2", "Max", "Min", "Pack", "Prod",
-    "Reshape", "Slice", "Squeeze", "StridedSlice", "Sum",
+    "ConcatV2", "ExpandDims", "GatherV2", "Max", "Min", "Neg", "Pack",
+    "Prod", "Reshape", "Slice", "Squeeze", "StridedSlice", "Sum",
 })
 
 

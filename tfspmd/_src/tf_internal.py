@@ -68,6 +68,8 @@ def vectorize_loop(loop_fn, iterations, prepare):
   with per_position.as_default():
     loop_var = tf.compat.v1.placeholder_with_default(0, shape=[])
     outputs = [tf.convert_to_tensor(t) for t in loop_fn(loop_var)]
+  caller = tf.compat.v1.get_default_graph()
+  first_op = len(caller.get_operations())
   conversion = Conversion(_pfor.PFor(
       loop_var, iterations, per_position.get_operations(),
       fallback_to_while_loop=False), iterations)
@@ -75,7 +77,10 @@ def vectorize_loop(loop_fn, iterations, prepare):
     conversion.define(internal, ConvertedValue(external, False))
   prepare(conversion, per_position.get_operations())
   with _quiet_conversion_errors():
-    return [stacked(conversion.convert(t), iterations) for t in outputs]
+    results = [stacked(conversion.convert(t), iterations) for t in outputs]
+  _copy_called_functions(caller.get_operations()[first_op:], per_position,
+                         caller)
+  return results
 
 
 class _ConversionErrorFilter(logging.Filter):
@@ -100,6 +105,24 @@ def _quiet_conversion_errors():
     yield
   finally:
     log.removeFilter(quiet)
+
+
+def _copy_called_functions(operations, source, target):
+  """Adds to `target` the functions of `source` that `operations` call.
+
+  pfor copies an op that does not vary along its loop (a loop or a branch
+  of values the same at every position) into the caller's graph as it is,
+  with the names of the functions it calls but not the functions, which
+  stay in the per-position graph.
+  """
+  for operation in operations:
+    for value in operation.node_def.attr.values():
+      functions = ([value.func] if value.HasField("func")
+                   else list(value.list.func))
+      for function in functions:
+        found = source._get_function(function.name)  # pylint: disable=protected-access
+        if found is not None and target._get_function(function.name) is None:  # pylint: disable=protected-access
+          target._add_function_recursive(found)  # pylint: disable=protected-access
 
 
 def unvectorizable_op(error):
