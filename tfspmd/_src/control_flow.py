@@ -130,7 +130,8 @@ def _repeat(value, size):
 def _select(predicate, on_true, on_false):
   """Per-position `predicate ? on_true : on_false` over the stacked axis."""
   shape = [-1] + [1] * (on_true.shape.rank - 1)
-  return tf.where(tf.reshape(predicate, shape), on_true, on_false)
+  return dtensor_rewrites.select(tf.reshape(predicate, shape), on_true,
+                                  on_false)
 
 
 @_do_not_convert
@@ -190,7 +191,7 @@ def _merge_branches(pfor_input, chosen, branch_outputs, chooser_stacked):
         result = _select(picks, value, result)
       else:
         everywhere = tf.logical_and(tf.ones(tf.shape(value), tf.bool), picks)
-        result = tf.where(everywhere, value, result)
+        result = dtensor_rewrites.select(everywhere, value, result)
     merged.append(tf_internal.wrap_converted(result, stacked))
   return merged
 

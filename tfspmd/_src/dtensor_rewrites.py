@@ -12,13 +12,18 @@ each device's own positions. pfor's own converter of a depthwise
 convolution needs a per-device filter; with a filter the same everywhere,
 the devices fold into the batch, and so they do for the image resizes pfor
 has no converter for. pfor has none for `L2Loss` either: half the sum of
-squares.
+squares. And TensorFlow's CPU kernel of `SelectV2` (`tf.where`) refuses
+results of rank 9 or more ("Broadcast between ... is not supported yet",
+even between operands of one shape), which a per-device rank of 8 reaches
+once stacked over the devices: there the operands are broadcast to the
+result's shape and `Select` picks.
 """
 
 import string
 
 import tensorflow as tf
 
+from tfspmd._src import stacking
 from tfspmd._src import static_values
 from tfspmd._src import tf_internal
 
@@ -188,7 +193,7 @@ def _convert_band_part(pfor_input):
     keep = tf.logical_and(keep, row - column <= int(lower))
   if upper >= 0:
     keep = tf.logical_and(keep, column - row <= int(upper))
-  result = tf.where(keep, value, tf.zeros_like(value))
+  result = select(keep, value, tf.zeros_like(value))
   return [tf_internal.wrap_converted(result, stacked)]
 
 
@@ -255,6 +260,43 @@ def _convert_l2_loss(pfor_input):
   return [tf_internal.wrap_converted(half_sum, True)]
 
 
+# The highest rank SelectV2's CPU kernel takes (TF 2.21).
+_SELECT_V2_MAX_RANK = 8
+
+
+def select(condition, on_true, on_false):
+  """`tf.where(condition, on_true, on_false)` at any rank.
+
+  Above the rank SelectV2 takes, the operands are broadcast to the result's
+  shape and `Select`, which takes operands of one shape at any rank, picks.
+  """
+  shape = tf.broadcast_static_shape(
+      condition.shape,
+      tf.broadcast_static_shape(on_true.shape, on_false.shape))
+  if shape.rank is None or shape.rank <= _SELECT_V2_MAX_RANK or (
+      not shape.is_fully_defined()):
+    return tf.where(condition, on_true, on_false)
+  full = shape.as_list()
+  operands = [value if value.shape == shape else
+              stacking.broadcast(value, full)
+              for value in (condition, on_true, on_false)]
+  return tf.raw_ops.Select(condition=operands[0], x=operands[1],
+                           y=operands[2])
+
+
+@_do_not_convert
+def _convert_select(pfor_input):
+  operation = pfor_input.op
+  rank = operation.outputs[0].shape.rank
+  if rank is None or rank + 1 <= _SELECT_V2_MAX_RANK or (
+      operation.type == "Select" and operation.inputs[0].shape.rank != rank):
+    return tf_internal.default_pfor_converter(operation.type)(pfor_input)
+  pfor_input.expanddim_inputs_for_broadcast()
+  condition, on_true, on_false = (pfor_input.input(k)[0] for k in range(3))
+  return [tf_internal.wrap_converted(select(condition, on_true, on_false),
+                                     True)]
+
+
 _CONVERTERS = {
     "ArgMin": _convert_argmin,
     "L2Loss": _convert_l2_loss,
@@ -268,4 +310,6 @@ _CONVERTERS = {
     "MatrixDiagPartV3": _convert_diag_part,
     "ReverseV2": _convert_reverse,
     "Roll": _convert_roll,
+    "Select": _convert_select,
+    "SelectV2": _convert_select,
 }

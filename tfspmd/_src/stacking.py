@@ -13,14 +13,23 @@ def repeat_along_new_axis(value, axis, size):
   expanded = tf.expand_dims(value, axis)
   shape = [1] * expanded.shape.rank
   shape[axis] = size
+  return broadcast(expanded, shape)
+
+
+def broadcast(value, shape):
+  """`value` broadcast with a tensor of static `shape`, by a multiply by ones.
+
+  Not `tf.broadcast_to` or `tf.tile`: DTensor (TF 2.21) crashes on
+  `broadcast_to` of a slice with a new axis and expands some tiles wrong.
+  """
   if value.dtype == tf.bool:
-    return tf.logical_and(tf.ones(shape, tf.bool), expanded)
+    return tf.logical_and(tf.ones(shape, tf.bool), value)
   if value.dtype == tf.uint64:
     # The multiply may be where DTensor gathers `value`, and its collectives
     # refuse uint64 (TF 2.21): multiply the same bits as int64.
-    repeated = tf.ones(shape, tf.int64) * tf.cast(expanded, tf.int64)
+    repeated = tf.ones(shape, tf.int64) * tf.cast(value, tf.int64)
     return tf.cast(repeated, tf.uint64)
-  return tf.ones(shape, value.dtype) * expanded
+  return tf.ones(shape, value.dtype) * value
 
 
 def move_axis_to_front(value, axis):

@@ -12,6 +12,7 @@ per-device axis.
 import tensorflow as tf
 
 from tfspmd._src import axis_env
+from tfspmd._src import dtensor_rewrites
 from tfspmd._src import out_axes as out_axes_lib
 from tfspmd._src import stacking
 from tfspmd._src import tree
@@ -151,7 +152,7 @@ def _check_carry(new, old, paths):
 
 def _write(buffer, value, t, steps):
   at_t = tf.reshape(tf.range(steps) == t, [steps] + [1] * value.shape.rank)
-  return tf.where(at_t, tf.expand_dims(value, 0), buffer)
+  return dtensor_rewrites.select(at_t, tf.expand_dims(value, 0), buffer)
 
 
 def _apply_out_axes(out_axes, values, carry_axes, first, size):

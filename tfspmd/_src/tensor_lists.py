@@ -18,6 +18,7 @@ list (its converter sees the dense tensors).
 
 import tensorflow as tf
 
+from tfspmd._src import dtensor_rewrites
 from tfspmd._src import stacking
 from tfspmd._src import tf_internal
 
@@ -217,7 +218,7 @@ def _write(conversion, output, dense, index, item, element_shape):
                     mask_shape)
   written = tf.expand_dims(written, 1 if stacked else 0)
   conversion.define(output, tf_internal.ConvertedValue(
-      tf.where(mask, written, rows), stacked))
+      dtensor_rewrites.select(mask, written, rows), stacked))
 
 
 def _repeated(value, stacked, size):

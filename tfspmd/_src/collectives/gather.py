@@ -9,11 +9,13 @@ each).
 """
 
 import tensorflow as tf
+from tensorflow.experimental import dtensor
 
 from tfspmd._src import axis_env
 from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
+from tfspmd._src.collectives import pin
 from tfspmd._src.collectives import resplit
 
 
@@ -46,8 +48,26 @@ def _scatter_step(dimension, tiled):
              tensor * tf.cast(frame.size, tensor.dtype))
     if tiled:
       total = _split_axis(total, position, frame.size)
-    return stacking.move_axis_to_front(total, position), True
+    if not pin.applies(frame, batch_dims):
+      return stacking.move_axis_to_front(total, position), True
+    return _scatter_blocks(total, position, frame.mesh_dim), True
   return step
+
+
+def _scatter_blocks(total, position, mesh_dim):
+  """The blocks along `position` of `total`, block i to device i.
+
+  The sum is split over the mesh dimension along the blocks before they
+  move to the front and after: a consumer of the result split another way
+  (an all_gather's value, still split where the gather left it) then makes
+  DTensor relayout the result, where it can move data, not transpose it.
+  """
+  spec = [dtensor.UNSHARDED] * total.shape.rank
+  spec[position] = mesh_dim
+  split = pin.pin(total, spec)
+  fronted = stacking.move_axis_to_front(split, position)
+  return pin.pin(fronted, [mesh_dim] + [dtensor.UNSHARDED] * (
+      total.shape.rank - 1))
 
 
 def _split_axis(tensor, axis, count):

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfspmd._src import axis_env
+from tfspmd._src import dtensor_rewrites
 from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
@@ -70,7 +71,7 @@ def _gather_sources(tensor, source_of):
     return moved
   receives = tf.reshape(tf.constant(source_of >= 0),
                         [len(source_of)] + [1] * (moved.shape.rank - 1))
-  return tf.where(receives, moved, tf.zeros_like(moved))
+  return dtensor_rewrites.select(receives, moved, tf.zeros_like(moved))
 
 
 def _permute_in_chunks(tensor, source_of, resplitter):
