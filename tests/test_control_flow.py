@@ -530,3 +530,45 @@ def test_every_collective_in_a_loop_and_a_cond(name):
   np.testing.assert_allclose(run(in_cond, x, np.float32(-1.),
                                  in_axes=(0, None)), reference(-x),
                              rtol=1e-5, atol=1e-5)
+
+
+def test_gradient_through_a_psum_in_a_cond_in_a_while_loop():
+  x = data(3)
+
+  def body(i, carry):
+    return i + 1, tf.cond(i % 2 == 0, lambda: lax.psum(carry, "i") * 0.5,
+                          lambda: carry * carry)
+
+  def gradient(v):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      _, y = tf.while_loop(lambda i, c: i < 3, body, (0, v),
+                           maximum_iterations=3)
+      loss = tf.reduce_sum(y)
+    return tape.gradient(loss, v)
+
+  # y = 0.5 * psum((0.5 * S)^2) = S^2 with S = psum(v) (8 devices): each
+  # device's loss sum(S^2) gives 2 S, and psum's transpose sums 8 of them.
+  expected = np.broadcast_to(16 * x.sum(0), x.shape)
+  np.testing.assert_allclose(np.asarray(run(gradient, x)), expected,
+                             rtol=1e-5)
+
+
+@pytest.mark.parametrize("flag", [1., -1.])
+def test_gradient_through_a_cond_on_a_broadcast_flag(flag):
+  x = data(3)
+
+  def gradient(v, on):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      y = tf.cond(on > 0, lambda: lax.psum(v * v, "i"), lambda: v * 3.)
+      index = tf.cast(lax.axis_index("i"), tf.float32)
+      loss = tf.reduce_sum(y * index)
+    return tape.gradient(loss, v)
+
+  out = np.asarray(tfspmd.pmap(gradient, "i", in_axes=(0, None))(
+      x, np.float32(flag)))
+  index = np.arange(N, dtype=np.float32)[:, None]
+  # psum's transpose sums the devices' cotangents 0 + 1 + ... + 7 = 28.
+  expected = 2 * 28 * x if flag > 0 else 3 * index * np.ones_like(x)
+  np.testing.assert_allclose(out, expected, rtol=1e-5)

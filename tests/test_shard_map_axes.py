@@ -288,20 +288,18 @@ def test_tape_around_loops_inside_a_shard_map_that_leaves_an_axis_out():
   mesh = tfspmd.make_mesh((1, 4), ("data", "expert"))
   x = data(8, 3)
   weights = [data(*shape, seed=k + 1) for k, shape in
-             enumerate([(8, 3), (12,), (8, 3)])]
+             enumerate([(8, 3), (12,), (8, 3), (8, 3)])]
 
-  # The gradient of a tf.cond around a collective is left out: a tape
-  # inside a pmap does not differentiate that yet.
   def weighted(b, *w):
     return lax.psum(sum(tf.reduce_sum(o * v)
-                        for o, v in zip(_loops(b)[:3], w)), "expert")
+                        for o, v in zip(_loops(b), w)), "expert")
 
   fun = tfspmd.shard_map(weighted, mesh=mesh, in_specs=P("expert"),
                          out_specs=P())
 
   def loss(v):
     return sum((o * w).sum()
-               for o, w in zip(_loops_reference(v)[:3], weights))
+               for o, w in zip(_loops_reference(v), weights))
   expected = finite_difference(loss, x.astype(np.float64), eps=1e-3)
   np.testing.assert_allclose(gradient_around(fun, x, 1.0, *weights),
                              expected, rtol=1e-3, atol=1e-3)

@@ -403,3 +403,25 @@ def recreate_op_eagerly(operation, inputs):
       operation.type.encode(), len(operation.outputs),
       inputs=[tf.constant(v) for v in inputs], attrs=tuple(attrs),
       ctx=_context.context())
+
+
+def reachable(tensor):
+  """`tensor`, captured graph by graph into the graph being built.
+
+  A function graph captures a tensor of an enclosing graph directly, and
+  the graphs between learn of it only when the function is called. The
+  gradient of a `tf.cond` inside a `tf.while_loop` asserts that what its
+  graph captures lives in the graph just outside it (cond_v2, TF 2.21), so
+  a tensor of the per-device graph (a loop index) is captured into each
+  enclosing function graph in turn, outermost first.
+  """
+  graph = tf.compat.v1.get_default_graph()
+  between = []
+  while graph is not tensor.graph and isinstance(graph, _func_graph.FuncGraph):
+    between.append(graph)
+    graph = graph.outer_graph
+  if graph is not tensor.graph:
+    return tensor
+  for inner in reversed(between):
+    tensor = inner.capture(tensor)
+  return tensor

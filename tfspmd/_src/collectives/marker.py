@@ -120,7 +120,8 @@ def _emit(value, chain, collective, result_shape, levels):
   """
   frame = chain[-1]
   head = [] if result_shape is None else [tf.zeros(result_shape, value.dtype)]
-  outputs = tf.raw_ops.IdentityN(input=head + [value] + [f.index for f in chain])
+  indices = [tf_internal.reachable(f.index) for f in chain]
+  outputs = tf.raw_ops.IdentityN(input=head + [value] + indices)
   value_input = len(head)
 
   @_do_not_convert
