@@ -12,10 +12,12 @@ from tensorflow.experimental import dtensor
 
 from tfspmd._src import arguments
 from tfspmd._src import distributed
+from tfspmd._src import dtensor_device
 from tfspmd._src import dtensor_errors
 from tfspmd._src import dtensor_settings
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import pmap_donation
+from tfspmd._src import run_errors
 from tfspmd._src.config import config
 from tfspmd._src.sharded_array import ShardedArray
 
@@ -52,7 +54,12 @@ def values_and_key(call):
 
 
 def run(program, values, axis_name):
-  """Places `values`, runs `program`, wraps its outputs as `ShardedArray`s."""
+  """Places `values`, runs `program`, wraps its outputs as `ShardedArray`s.
+
+  A program that fails while it runs leaves DTensor's device unusable: the
+  device is replaced (`dtensor_device`) before the error is raised.
+  """
+  dtensor_device.ensure()
   placed = [_place(value, placement)
             for value, placement in zip(values, program.input_placements)]
   try:
@@ -65,9 +72,10 @@ def run(program, values, axis_name):
   except tf.errors.OpError as e:
     distributed.raise_peer_failure(e)
     explained = dtensor_errors.explain(e, axis_name)
-    if explained is None:
-      raise
-    raise explained from None
+    if explained is not None:
+      raise explained from None
+    dtensor_device.replace()
+    raise run_errors.failed_run(e, axis_name) from None
   return [ShardedArray(value, placement, shape, dtype)
           for value, placement, shape, dtype in zip(
               outputs, program.output_placements, program.output_shapes,

@@ -18,6 +18,7 @@ from tfspmd._src import axis_env
 from tfspmd._src import control_flow
 from tfspmd._src import devices as devices_lib
 from tfspmd._src import distributed
+from tfspmd._src import dtensor_device
 from tfspmd._src import dtensor_settings
 from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import new_axis
@@ -48,6 +49,7 @@ class Program:
     size: The mapped size, over all processes.
     trainable_variables: The trainable variables the program reads.
     dtensor_switches: The DTensor settings it runs under.
+    device_generation: The `dtensor_device.generation()` it was traced in.
   """
   function: object
   input_placements: tuple
@@ -61,6 +63,7 @@ class Program:
   size: int
   trainable_variables: tuple
   dtensor_switches: tuple
+  device_generation: int
 
 
 @functools.lru_cache(maxsize=4096)
@@ -80,8 +83,10 @@ def cached_program(options, programs, key, call, values):
     call: The bound call (`mapped_args`).
     values: The input leaves (their dtypes are read).
   """
+  dtensor_device.ensure()
   program = programs.get(key)
-  if program is None:
+  if (program is None or
+      program.device_generation != dtensor_device.generation()):
     program = _trace(options, call, [shape for shape, _ in key[2]],
                      [value.dtype for value in values])
     programs.put(key, program)
@@ -186,7 +191,8 @@ def _trace(options, call, shapes, dtypes):
       dtensor_switches=dtensor_settings.for_program(
           mesh_key[2], len(mesh_key[1]),
           devices_lib.process_count(), graph_def),
-      mesh=mesh)
+      mesh=mesh,
+      device_generation=dtensor_device.generation())
 
 
 def _describe(options, mesh_key, specs, graph):

@@ -8,6 +8,7 @@ from tensorflow.experimental import dtensor
 
 from tfspmd._src import array_ops
 from tfspmd._src import distributed
+from tfspmd._src import dtensor_device
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import tf_internal
 
@@ -115,7 +116,7 @@ class ShardedArray:
     """The underlying DTensor, for use with TensorFlow's DTensor API."""
     if self._value is None:
       self._check_alive()
-    return self._value
+    return self._live()
 
   def devices(self):
     """The devices holding the array, in mesh order."""
@@ -128,7 +129,7 @@ class ShardedArray:
     counts = self._placement.local_counts()
     shards = []
     with distributed.peer_failures():
-      components = dtensor.unpack(self._value)
+      components = dtensor.unpack(self._live())
     for (device, index), data in zip(self._placement.local_view, components):
       shards.append(Shard(device=device, index=placement_lib.block_slices(
           index, self._shape.as_list(), counts), data=_on(device, data)))
@@ -144,7 +145,7 @@ class ShardedArray:
     self._check_alive()
     with distributed.peer_failures():
       tf_internal.wait_for_pending_ops()
-      dtensor.unpack(self._value)
+      dtensor.unpack(self._live())
     return self
 
   def is_deleted(self):
@@ -155,6 +156,11 @@ class ShardedArray:
     """Frees the device buffers; any later use raises RuntimeError."""
     self._value = None
     self._host = None
+
+  def _live(self):
+    """The DTensor, moved to DTensor's current device if a failure replaced it."""
+    self._value = dtensor_device.current(self._value)
+    return self._value
 
   def _check_alive(self):
     """Raises if the array was donated, or is used inside a trace."""
@@ -180,7 +186,7 @@ class ShardedArray:
     if self._host is None:
       with distributed.peer_failures():
         self._host = placement_lib.assemble(
-            self._value, self._placement, self._shape.as_list(),
+            self._live(), self._placement, self._shape.as_list(),
             self._dtype.as_numpy_dtype)
       self._host.flags.writeable = False
     return self._host
@@ -374,7 +380,7 @@ class ShardedArray:
             f"index {key} is out of bounds for axis 0 with size {size}")
       key %= size
       with distributed.peer_failures():
-        components = dtensor.unpack(self._value)
+        components = dtensor.unpack(self._live())
       for (device, index), data in zip(self._placement.local_view,
                                        components):
         if index[0] == key:

@@ -18,9 +18,12 @@ SUPPORTED_TF_VERSIONS = ("2.21",)
 
 try:
   from tensorflow.dtensor.python import accelerator_util as _accelerator_util
+  from tensorflow.dtensor.python import api as _dtensor_api
   from tensorflow.python.eager import context as _context
   from tensorflow.python.eager import execute as _execute
   from tensorflow.python.eager import record as _record
+  from tensorflow.python.framework import errors_impl as _errors_impl
+  from tensorflow.core.lib.core import error_codes_pb2 as _error_codes
   from tensorflow.python.framework import func_graph as _func_graph
   from tensorflow.python.framework import op_callbacks as _op_callbacks
   from tensorflow.python.ops import while_v2 as _while_v2
@@ -187,6 +190,31 @@ def set_pfor_converter(operation, converter):
 def wait_for_pending_ops():
   """Blocks until every op dispatched in eager mode has finished."""
   _context.async_wait()
+
+
+def dtensor_device():
+  """DTensor's device object (`DTensorDevice`), or None before its first use."""
+  return _dtensor_api._dtensor_singleton  # pylint: disable=protected-access
+
+
+def new_dtensor_device():
+  """Makes DTensor use a new synchronous device from now on; returns it.
+
+  Tensors already on the previous device stay there, readable through its
+  object (`device.unpack`).
+  """
+  _dtensor_api.reset_dtensor_device(is_async=False)
+  return dtensor_device()
+
+
+def error_code(name):
+  """TensorFlow's error code of the status name `name` ("INVALID_ARGUMENT")."""
+  return _error_codes.Code.Value(name)
+
+
+def error_class(code):
+  """The `tf.errors.OpError` subclass TensorFlow raises for error `code`."""
+  return _errors_impl.exception_type_from_error_code(code)
 
 
 def devices_initialized():

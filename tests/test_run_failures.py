@@ -1,0 +1,75 @@
+"""A pmap that fails while it runs raises one clear error, and the process goes on.
+
+DTensor's device is unusable after a program fails on it (the next program
+crashed the process, TF 2.21), so each case runs in its own process and
+checks that the process ends normally.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+_PROGRAM = """
+import numpy as np
+import tensorflow as tf
+import tfspmd
+
+def failing(x):
+  if {loop}:
+    x = tf.while_loop(lambda i, v: i < 2, lambda i, v: (i + 1, v * 2),
+                      (0, x))[1]
+  if {gather}:
+    return tf.gather(x, tf.cast(x[0] * 100, tf.int32))
+  return tf.debugging.check_numerics(x, "bad value")
+
+triple = tfspmd.pmap(lambda v: v * 3, "i")
+before = triple(np.arange(24, dtype=np.float32).reshape(8, 3))
+data = np.full((8, 3), 1.0 if {gather} else np.nan, np.float32)
+for _ in range(2):
+  try:
+    np.asarray(tfspmd.pmap(failing, "i")(data))
+  except tf.errors.InvalidArgumentError as e:
+    print("ERROR", " ".join(str(e).split()))
+  print("NEW", np.asarray(tfspmd.pmap(lambda v: v + 1, "i")(np.ones((8, 3), np.float32))).tolist())
+  print("OLD", np.asarray(triple(before)).tolist())
+"""
+
+
+def _run(**flags):
+  env = dict(os.environ, TFSPMD_NUM_CPU_DEVICES="8", TF_CPP_MIN_LOG_LEVEL="3")
+  source = _PROGRAM.format(**{k: repr(v) for k, v in flags.items()})
+  run = subprocess.run([sys.executable, "-c", source], env=env,
+                       capture_output=True, text=True, timeout=120)
+  assert run.returncode == 0, run.stderr[-3000:]
+  return run.stdout.splitlines()
+
+
+def _check_later_calls(lines):
+  before = np.arange(24, dtype=np.float32).reshape(8, 3) * 3
+  assert lines[1::3] == ["NEW " + str(np.full((8, 3), 2.0).tolist())] * 2
+  assert lines[2::3] == ["OLD " + str((before * 3).tolist())] * 2
+
+
+def test_a_failed_check_raises_its_message_and_later_calls_run():
+  lines = _run(loop=False, gather=False)
+  assert lines[0::3] == [
+      "ERROR The function mapped over axis 'i' failed while it ran in the op "
+      "'CheckNumerics': bad value : Tensor had NaN values. Later calls run as "
+      "usual, and arrays computed before stay valid."] * 2
+  _check_later_calls(lines)
+
+
+def test_a_failed_gather_in_a_loop_program_names_the_op_not_a_cancellation():
+  # A program with a loop runs without DTensor's multi-device expansion,
+  # where the failure surfaced as "CancelledError" with the cause in the log.
+  lines = _run(loop=True, gather=True)
+  assert len(lines) == 6
+  for line in lines[0::3]:
+    assert line.startswith(
+        "ERROR The function mapped over axis 'i' failed while it ran in the "
+        "op 'GatherV2_1': indices[0] = ")
+    assert "is not in [0, 3)" in line and "Cancel" not in line
+    assert "function_node" not in line
+  _check_later_calls(lines)
