@@ -101,6 +101,27 @@ def test_psum_scatter_tiled(n, dimension):
   np.testing.assert_allclose(out, np.stack(blocks), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("n", SIZES)
+def test_psum_scatter_of_a_value_split_along_its_last_axis(n):
+  # The all_gather leaves w split along its rows, so DTensor lays out the
+  # product split along its last axis; psum_scatter then moves the split of
+  # a rank-4 value from axis 3 to axis 1, which DTensor's all-to-all
+  # scrambled (the weight gradients of the shard_map tutorial's FSDP MLP).
+  x = data(n, 8, 8)
+  w = data(n, 2, 8, seed=1)
+
+  def f(v, u):
+    gathered = lax.all_gather(u, "i", tiled=True)
+    product = tf.transpose(v @ tf.ones([8, 8])) @ tf.transpose(gathered)
+    return lax.psum_scatter(product, "i", tiled=True)
+
+  products = [(x[i] @ np.ones((8, 8))).T @ w.reshape(2 * n, 8).T
+              for i in range(n)]
+  expected = np.stack(np.split(np.sum(products, 0), n))
+  out = np.asarray(tfspmd.pmap(f, axis_name="i")(x, w))
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
 def reference_ppermute(x, perm):
   out = np.zeros_like(x)
   for source, destination in perm:

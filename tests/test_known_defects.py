@@ -35,6 +35,24 @@ def test_dtensor_relayout_between_inner_dimensions():
   np.testing.assert_array_equal(back.numpy(), x)
 
 
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="DTensor (TF 2.21) scrambles an all-to-all relayout between two "
+    "later axes of a rank-4 tensor on a 1-D mesh: its lowering undoes the "
+    "transpose it puts around CollectiveAllToAllV2 with the wrong permutation")
+def test_dtensor_relayout_between_later_axes_of_a_rank_4_tensor():
+  mesh = dtensor.create_mesh([("x", 4)], devices=[f"CPU:{i}" for i in range(4)])
+  unsharded = dtensor.UNSHARDED
+  x = np.arange(2 * 4 * 3 * 8, dtype=np.float32).reshape(2, 4, 3, 8)
+  source = dtensor.pack(
+      np.split(x, 4, axis=3),
+      dtensor.Layout([unsharded, unsharded, unsharded, "x"], mesh))
+  moved = tf.function(lambda v: dtensor.relayout(
+      v, dtensor.Layout([unsharded, "x", unsharded, unsharded], mesh)))(source)
+  blocks = [t.numpy() for t in dtensor.unpack(moved)]
+  np.testing.assert_array_equal(np.concatenate(blocks, axis=1), x)
+
+
 # Run in a fresh process: in a long test session, memory earlier tests freed
 # absorbs the leak and RSS does not show it.
 _LEAK_PROGRAM = """

@@ -78,11 +78,6 @@ def test_numpy_reference_reproduces_jax_loss_and_gradient_sums():
                              jax_grad_sums, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "wrong gradient: the weight gradients of the first five layers (each "
-    "all_gather'ed inside the shard_map, under a tape around it) are wrong "
-    "element by element, though their sums and the loss, the biases and the "
-    "last layer's weights are right (max difference from JAX 5.48)"))
 def test_fsdp_loss_and_gradient():
   """jax-ml/jax docs/notebooks/shard_map.md, "8-way fully sharded data
   parallelism (FSDP)": predict_fsdp / loss_fsdp on a 4-device 'batch' mesh,

@@ -9,7 +9,18 @@ several dimensions, TF 2.21), on devices in ascending id order (its
 all-to-all puts the blocks in device id order whatever the mesh's order),
 for the dtypes its all-to-all takes, and for the pmap axis itself (a vmap
 axis is not split over any device).
+
+DTensor's CPU and GPU lowering of that all-to-all (TF 2.21) is right only
+where one of the two axes is the first, or where the tensor's rank is one
+more than twice the smaller axis: between two later axes it transposes the
+leading axes to the back and back again with a permutation that undoes the
+first only at that rank, so a rank-4 tensor split along axis 3 and relaid
+out along axis 1 comes back scrambled, with no error. The relayouts here
+therefore act on at most three axes: those before the new split merged, the
+split axis, those after it merged.
 """
+
+import math
 
 import tensorflow as tf
 from tensorflow.experimental import dtensor
@@ -30,6 +41,13 @@ class Resplitter:
 
   def split_along(self, tensor, axis):
     """`tensor` relaid out split along `axis` over the mesh, whole elsewhere."""
+    shape = tensor.shape.as_list()
+    if axis == 0 or len(shape) <= 3:
+      return self._relayout(tensor, axis)
+    merged = [math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])]
+    return tf.reshape(self._relayout(tf.reshape(tensor, merged), 1), shape)
+
+  def _relayout(self, tensor, axis):
     spec = [dtensor.UNSHARDED] * tensor.shape.rank
     spec[axis] = self._dim
     return dtensor.relayout(tensor, self._state.layout(spec))
