@@ -443,6 +443,8 @@ def reachable(tensor):
   a tensor of the per-device graph (a loop index) is captured into each
   enclosing function graph in turn, outermost first.
   """
+  if not hasattr(tensor, "graph"):  # A Python or eager index (debug mode).
+    return tensor
   graph = tf.compat.v1.get_default_graph()
   between = []
   while graph is not tensor.graph and isinstance(graph, _func_graph.FuncGraph):
