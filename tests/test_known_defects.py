@@ -2,9 +2,8 @@
 as strict xfails.
 
 Each test asserts the right answer of plain DTensor or TensorFlow and fails
-today for the
-reason it names. Being strict, it starts failing once TensorFlow fixes the
-defect, so the workaround and its note can go.
+today for the reason it names. Being strict, it starts failing once
+TensorFlow fixes the defect, so the workaround and its note can go.
 """
 
 import os
