@@ -1,8 +1,9 @@
-"""DTensor defects tfspmd works around (docs/collectives.md), as strict xfails.
+"""DTensor and TensorFlow defects tfspmd works around (docs/collectives.md),
+as strict xfails.
 
-Each test asserts the right answer of plain DTensor and fails today for the
-reason it names. Being strict, it starts failing once TensorFlow fixes the
-defect, so the workaround and its note can go.
+Each test asserts the right answer of plain DTensor or TensorFlow and fails
+today for the reason it names. Being strict, it starts failing once
+TensorFlow fixes the defect, so the workaround and its note can go.
 """
 
 import os
@@ -91,3 +92,30 @@ def test_dtensor_all_reduce_calls_keep_memory_flat():
                        timeout=300)
   growth = int(run.stdout.split()[-1])
   assert growth < 2 ** 20, f"4000 calls grew RSS by {growth / 2 ** 20:.1f} MiB"
+
+
+# In a process of its own: the corruption aborts the process as often as it
+# gives wrong values.
+_BROADCAST_MATMUL_PROGRAM = """
+import numpy as np, tensorflow as tf
+rng = np.random.default_rng(0)
+for left, right in [((4, 1, 8, 2), (2, 16)), ((4, 1, 8, 8), (1, 8, 16)),
+                    ((2, 1, 40, 20), (1, 1, 20, 40))]:
+  a = rng.standard_normal(left).astype(np.float32)
+  b = rng.standard_normal(right).astype(np.float32)
+  for _ in range(20):
+    np.testing.assert_allclose(tf.matmul(a, b).numpy(), a @ b, rtol=1e-4,
+                               atol=1e-4)
+"""
+
+
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="TensorFlow's oneDNN batched matmul (TF 2.21, CPU) corrupts memory "
+    "for a left operand [B, 1, M, K] by a broadcast right operand")
+def test_batched_matmul_of_a_size_one_batch_axis_by_a_broadcast_operand():
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="1")
+  run = subprocess.run([sys.executable, "-c", _BROADCAST_MATMUL_PROGRAM],
+                       env=env, capture_output=True, text=True, check=False,
+                       timeout=300)
+  assert run.returncode == 0, run.stderr[-2000:]

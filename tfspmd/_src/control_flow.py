@@ -31,6 +31,7 @@ import functools
 
 import tensorflow as tf
 
+from tfspmd._src import broadcast_matmul
 from tfspmd._src import conv_gradients
 from tfspmd._src import dtensor_rewrites
 from tfspmd._src import dynamic_slices
@@ -56,6 +57,7 @@ COLLECTIVE_ATTRIBUTE = "_tfspmd_collective"
 
 def mark(operations):
   """Gives `operations`, and the ops of the functions they call, our converters."""
+  broadcast_matmul.mark(operations)
   conv_gradients.mark(operations)
   dynamic_slices.mark(operations)
   new_axis.mark_slices(operations)
