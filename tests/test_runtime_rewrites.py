@@ -169,8 +169,7 @@ def test_psum_scatter_result_added_to_an_all_gather_result(shape):
 def fsdp_tp_data():
   """The shard_map tutorial's network, drawn with NumPy, and a batch of 16.
 
-  The tutorial's batch of 32 (8 rows per device) stops the process while
-  DTensor runs it, with or without the layouts psum_scatter fixes.
+  The tutorial's own batch of 32 is tests/test_ported_programs.py's.
   """
   rng = np.random.default_rng(0)
   sizes = [784, 128, 128, 128, 128, 128, 8]
