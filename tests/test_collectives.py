@@ -164,6 +164,33 @@ def test_pswapaxes(n):
 
 
 @pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("collective", ["ppermute", "psum_scatter", "all_to_all"])
+def test_collective_of_a_row_written_into_new_zeros(n, collective):
+  # The collective's input is made on the device (zeros, one row set from
+  # the argument), so nothing but the collective decides its layout.
+  functions = {
+      "ppermute": lambda v: lax.ppermute(
+          v, "i", [(i, (i + 1) % n) for i in range(n)]),
+      "psum_scatter": lambda v: lax.psum_scatter(v, "i", tiled=True),
+      "all_to_all": lambda v: lax.all_to_all(v, "i", 0, 1, tiled=True),
+  }
+  x = data(n, 4)
+
+  def f(v):
+    return functions[collective](
+        tf.tensor_scatter_nd_update(tf.zeros((n, 4)), [[0]], v[None]))
+
+  rows = np.zeros((n, n, 4), np.float32)
+  rows[:, 0] = x
+  want = {
+      "ppermute": np.roll(rows, 1, axis=0),
+      "psum_scatter": rows.sum(0)[:, None],
+      "all_to_all": np.stack([rows[:, k].reshape(1, -1) for k in range(n)]),
+  }[collective]
+  np.testing.assert_allclose(run(f, x), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_axis_index_and_size(n):
   out = tfspmd.pmap(lambda v: (lax.axis_index("i"), lax.axis_size("i") + 0 * lax.axis_index("i")),
                     "i")(np.zeros(n))

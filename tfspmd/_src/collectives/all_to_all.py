@@ -64,7 +64,7 @@ def _exchange(tensor, split, frame):
   resplitter = resplit.for_frame(frame, tensor.dtype)
   if resplitter is not None:
     moved = stacking.move_axis_to_front(tensor, split)
-    return resplitter.split_along(resplitter.split_along(moved, 1), 0)
+    return resplitter.move_split(moved, 1, 0)
   size = tensor.shape[0]
   blocks_second = stacking.move_axis(tensor, split, 1)
   pairs = np.stack(np.meshgrid(np.arange(size), np.arange(size),
