@@ -190,11 +190,6 @@ def test_fsdp_with_tensor_parallel_loss():
                              want, rtol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DTensor at run time: 'The sharding spec for axis 1 splits among 2 "
-    "values, which does not evenly divide the length of that axis (1)' at "
-    "the tf.tensor_scatter_nd_update (JAX's state.at[0].set) after the "
-    "tfspmd.vmap over the stage's layers"))
 def test_gpipe_spmd_pipeline_loss_and_gradient():
   """jax-ml/jax docs/notebooks/shard_map.md, "SPMD pipeline parallelism
   (PP)": spmd_pipeline and shift (ppermute of the stage state, inputs and
