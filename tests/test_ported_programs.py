@@ -394,7 +394,7 @@ def test_collective_matmul_psum_scatter_bidirectional():
         lax.ppermute, axis_name="i",
         perm=[(i, (i - 1) % size) for i in range(size)])
 
-    B = lhs_block.shape[0] // size // 2  # half-size blocks  # pylint: disable=invalid-name
+    B = lhs_block.shape[0] // size // 2  # pylint: disable=invalid-name
     lhs_blocks = lambda i, hi: dynamic_slice_in_dim(
         lhs_block, (2 * i + hi) * B, B, 0)
 
@@ -476,15 +476,16 @@ def numpy_moe(tokens, router, experts, weights_out, devices=8):
 
 
 def test_expert_parallel_moe_with_capacity_cut_and_gradient():
-  """The expert-parallel MoE of a public JAX test (class TestMoe: `_func`
-  of test_compute_ragged_all_to_all_info, with the top-k routing of its
-  `_ragged_all_to_all_moe`): in a shard_map over an ('x', 'y') mesh, each
+  """The expert-parallel MoE of a public JAX test file (its unittest class
+  TestMoe, on 12 CPU devices: `_func` of test_compute_ragged_all_to_all_info,
+  with the top-k routing of `_ragged_all_to_all_moe`): in a shard_map over an ('x', 'y') mesh, each
   device sorts its (token, k) pairs by expert, cuts each expert's run to
   the capacity (padding with -1000), all_to_all's them over 'y' to the
   devices of their experts (each adds its expert's parameter) and back,
   and unsorts them; the gates weight the K results; jax.grad of a weighted
   sum. Here on a (2, 4) mesh with 8 experts, 64 tokens of 4 features,
-  top-2, capacity 4: 5 pairs are cut (3 experts overflow on some device).
+  top-2, and a capacity per device of half its pairs (4 per expert): 5
+  pairs are cut (3 experts overflow on some device).
 
   JAX printed y sum -10333.16388956923, loss -3243.915771484375, gradient
   sums (tokens, router, experts) 1149.9763295683078, -0.0001156926,
