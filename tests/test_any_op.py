@@ -41,6 +41,25 @@ def test_slice_past_the_end_is_clamped_as_dynamic_slice():
   np.testing.assert_array_equal(np.asarray(out), expected)
 
 
+def test_slices_of_a_per_device_value_at_the_offsets_of_a_vmap():
+  x = RNG.standard_normal((N, 6, 2)).astype(np.float32)
+
+  def f(v):
+    starts = tf.range(3) + lax.axis_index("i") % 2
+    rows = tfspmd.vmap(lambda s: v[s])(starts)
+    blocks = tfspmd.vmap(
+        lambda s: tf.slice(v, tf.stack([s, 0]), [2, 2]))(starts)
+    return rows, blocks
+
+  rows, blocks = _pmap(f)(x)
+  starts = [np.arange(3) + k % 2 for k in range(N)]
+  np.testing.assert_array_equal(
+      np.asarray(rows), np.stack([x[k, starts[k]] for k in range(N)]))
+  np.testing.assert_array_equal(
+      np.asarray(blocks),
+      np.stack([[x[k, s:s + 2] for s in starts[k]] for k in range(N)]))
+
+
 def test_index_of_a_rotated_block_is_numpys_block():
   blocks = RNG.standard_normal((N, 3, 2)).astype(np.float32)
   out = _pmap(lambda b: b[(lax.axis_index("i") + 1) % 3])(blocks)

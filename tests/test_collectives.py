@@ -185,6 +185,33 @@ def test_pswapaxes(n):
 
 
 @pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("collective", ["ppermute", "psum_scatter", "all_to_all"])
+def test_collective_of_a_row_written_into_new_zeros(n, collective):
+  # The collective's input is made on the device (zeros, one row set from
+  # the argument), so nothing but the collective decides its layout.
+  functions = {
+      "ppermute": lambda v: lax.ppermute(
+          v, "i", [(i, (i + 1) % n) for i in range(n)]),
+      "psum_scatter": lambda v: lax.psum_scatter(v, "i", tiled=True),
+      "all_to_all": lambda v: lax.all_to_all(v, "i", 0, 1, tiled=True),
+  }
+  x = data(n, 4)
+
+  def f(v):
+    return functions[collective](
+        tf.tensor_scatter_nd_update(tf.zeros((n, 4)), [[0]], v[None]))
+
+  rows = np.zeros((n, n, 4), np.float32)
+  rows[:, 0] = x
+  want = {
+      "ppermute": np.roll(rows, 1, axis=0),
+      "psum_scatter": rows.sum(0)[:, None],
+      "all_to_all": np.stack([rows[:, k].reshape(1, -1) for k in range(n)]),
+  }[collective]
+  np.testing.assert_allclose(run(f, x), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_axis_index_and_size(n):
   out = tfspmd.pmap(lambda v: (lax.axis_index("i"), lax.axis_size("i") + 0 * lax.axis_index("i")),
                     "i")(np.zeros(n))
@@ -209,6 +236,21 @@ def test_collectives_over_outer_inner_and_both_axes_on_a_2d_mesh():
   np.testing.assert_array_equal(out[4], x[::-1])
   np.testing.assert_array_equal(
       out[5], np.broadcast_to(np.moveaxis(x, 0, 1)[:, None], (4, 2, 2, 3)).transpose(1, 0, 2, 3))
+
+
+def test_argsort_after_all_to_all_over_one_axis_of_a_2d_mesh():
+  # TopKV2 (argsort) expands wrong on a value whose layout DTensor is left
+  # to pick: the all_to_all's result is pinned to each device's blocks.
+  mesh = tfspmd.Mesh(np.array(tfspmd.devices()).reshape(2, 4), ("x", "y"))
+  f = tfspmd.shard_map(
+      lambda v: tf.argsort(lax.all_to_all(v, "y", 0, 0, tiled=True)),
+      mesh=mesh, in_specs=(tfspmd.P(("x", "y")),),
+      out_specs=tfspmd.P(("x", "y")))
+  x = np.random.default_rng(0).permutation(64).astype(np.float32)
+  blocks = x.reshape(2, 4, 4, 2)  # x, y, block for each y, block
+  received = blocks.transpose(0, 2, 1, 3).reshape(2, 4, 8)
+  np.testing.assert_array_equal(np.asarray(f(x)),
+                                np.argsort(received, axis=-1).reshape(-1))
 
 
 def test_collectives_on_a_3d_mesh():

@@ -1,8 +1,9 @@
 """Indexing with new axes inside a pmap (DTensor crashed on some, TF 2.21).
 
 `x[None]`, `x[1:3, None]` and `x[None, ...]` of a per-device value are
-computed as a slice and a reshape (tfspmd/_src/new_axis.py); they used to
-end in undecodable error bytes or a segmentation fault of the process.
+computed as a slice and a reshape (tfspmd/_src/new_axis.py), and their
+gradients as the gradient of that slice; they used to end in undecodable
+error bytes or a segmentation fault of the process.
 """
 
 import numpy as np
@@ -28,6 +29,25 @@ def test_new_axis_of_a_per_device_value_matches_numpy(name):
   index = INDEXINGS[name]
   out = tfspmd.pmap(lambda v: index(v) * 2.)(x)
   np.testing.assert_array_equal(out, np.stack([index(row) * 2. for row in x]))
+
+
+@pytest.mark.parametrize("name", sorted(INDEXINGS))
+def test_gradient_of_a_new_axis_matches_numpy(name):
+  x = np.arange(8 * 3 * 4, dtype=np.float32).reshape(8, 3, 4)
+  index = INDEXINGS[name]
+  weights = np.random.default_rng(0).standard_normal(
+      index(x[0]).shape).astype(np.float32)
+
+  def grad(v):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      loss = tf.reduce_sum(index(v) ** 2 * weights) / 2
+    return tape.gradient(loss, v)
+
+  want = np.zeros_like(x)
+  for row, grad_row in zip(x, want):
+    index(grad_row)[...] += index(row) * weights  # basic indexing: a view
+  np.testing.assert_array_equal(tfspmd.pmap(grad)(x), want)
 
 
 def test_broadcast_to_of_a_new_axis():

@@ -7,6 +7,9 @@ The expected values come from NumPy code of the same math; the numbers
 JAX printed are quoted in comments, and the NumPy references reproduce them.
 """
 
+import functools
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -181,11 +184,6 @@ def test_fsdp_with_tensor_parallel_loss():
                              want, rtol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DTensor at run time: 'The sharding spec for axis 1 splits among 2 "
-    "values, which does not evenly divide the length of that axis (1)' at "
-    "the tf.tensor_scatter_nd_update (JAX's state.at[0].set) after the "
-    "tfspmd.vmap over the stage's layers"))
 def test_gpipe_spmd_pipeline_loss_and_gradient():
   """jax-ml/jax docs/notebooks/shard_map.md, "SPMD pipeline parallelism
   (PP)": spmd_pipeline and shift (ppermute of the stage state, inputs and
@@ -269,3 +267,304 @@ def test_gpipe_spmd_pipeline_loss_and_gradient():
   inner_w = np.asarray(grads[1][0])
   np.testing.assert_allclose(inner_w[0], want[1][0], rtol=2e-3, atol=2e-5)
   assert np.isnan(inner_w[1:]).all()
+
+
+def dynamic_slice_in_dim(operand, start_index, slice_size, axis=0):
+  """`jax.lax.dynamic_slice_in_dim`: `start_index` may differ per device."""
+  begin = [0] * operand.shape.rank
+  size = [-1] * operand.shape.rank
+  begin[axis] = start_index
+  size[axis] = slice_size
+  return tf.slice(operand, tf.stack(begin), size)
+
+
+# The linear regression of JAX's pmap tutorial, "Example" section.
+class Params(NamedTuple):
+  weight: tf.Tensor
+  bias: tf.Tensor
+
+
+LEARNING_RATE = 0.005
+
+
+def regression_data():
+  rng = np.random.default_rng(1)
+  xs = rng.normal(size=(128, 1)).astype(np.float32)
+  noise = 0.5 * rng.normal(size=(128, 1)).astype(np.float32)
+  return xs, xs * 2 - 1 + noise
+
+
+def numpy_regression(xs, ys, steps):
+  """Full-batch gradient descent on the mean squared error, in float64."""
+  xs, ys = np.float64(xs), np.float64(ys)
+  weight, bias, losses = 0.3, -0.2, []
+  for _ in range(steps):
+    error = weight * xs + bias - ys
+    losses.append(np.mean(error ** 2))
+    weight, bias = (weight - LEARNING_RATE * np.mean(2 * error * xs),
+                    bias - LEARNING_RATE * np.mean(2 * error))
+  return np.array(losses), weight, bias
+
+
+def test_data_parallel_training_loop():
+  """jax-ml/jax docs/jax-101/06-parallelism.md, "Example": `update` under
+  pmap over 'num_devices' (value_and_grad of the mean squared error, pmean
+  of the gradients and of the loss, SGD step), params replicated and the
+  128 examples split over 8 devices, 1000 steps from w=0.3, b=-0.2.
+
+  JAX printed the loss every 100 steps [3.33606, 0.699244, 0.284895,
+  0.217048, 0.205500, 0.203467, 0.203099, 0.203031, 0.203018, 0.203016]
+  and ended at w=1.92885, b=-1.07487.
+  """
+  jax_losses = [3.33606, 0.699244, 0.284895, 0.217048, 0.205500, 0.203467,
+                0.203099, 0.203031, 0.203018, 0.203016]
+
+  def loss_fn(params, xs, ys):
+    pred = params.weight * xs + params.bias
+    return tf.reduce_mean((pred - ys) ** 2)
+
+  @functools.partial(tfspmd.pmap, axis_name="num_devices")
+  def update(params, xs, ys):
+    with tf.GradientTape() as tape:
+      tape.watch(params)
+      loss = loss_fn(params, xs, ys)
+    grads = tape.gradient(loss, params)
+    grads = lax.pmean(grads, axis_name="num_devices")
+    loss = lax.pmean(loss, axis_name="num_devices")
+    new_params = tf.nest.map_structure(
+        lambda param, g: param - g * LEARNING_RATE, params, grads)
+    return new_params, loss
+
+  xs, ys = regression_data()
+  n_devices = tfspmd.local_device_count()
+  replicated_params = tf.nest.map_structure(
+      lambda x: np.array([x] * n_devices),
+      Params(np.float32(0.3), np.float32(-0.2)))
+
+  def split(arr):
+    return arr.reshape(n_devices, arr.shape[0] // n_devices, *arr.shape[1:])
+
+  losses = []
+  for i in range(1000):
+    replicated_params, loss = update(replicated_params, split(xs), split(ys))
+    if i % 100 == 0:
+      losses.append(float(np.asarray(loss)[0]))
+  want_losses, want_weight, want_bias = numpy_regression(xs, ys, 1000)
+  np.testing.assert_allclose(want_losses[::100], jax_losses, rtol=2e-5)
+  np.testing.assert_allclose([want_weight, want_bias], [1.92885, -1.07487],
+                             rtol=2e-5)
+  np.testing.assert_allclose(losses, want_losses[::100], rtol=1e-5)
+  weight, bias = (np.asarray(p) for p in replicated_params)
+  np.testing.assert_array_equal(weight, weight[0])  # the copies stay equal
+  np.testing.assert_allclose([weight[0], bias[0]], [want_weight, want_bias],
+                             rtol=1e-5)
+
+
+def test_collective_matmul_psum_scatter_bidirectional():
+  """jax-ml/jax docs/notebooks/shard_map.md, "Example 2: psum_scatter the
+  result": matmul_psumscatter_overlapped_bidi, lhs split over its columns
+  and rhs over its rows on a 4-device 'i' mesh, half blocks of each
+  device's partial product sent both ways round the ring by ppermute.
+
+  JAX printed (lhs 16 x 8, rhs 8 x 4 from default_rng(2)) sum 13.083048
+  and row 5 [2.49794, 0.0149447, 1.01393, -0.894147].
+  """
+  mesh = tfspmd.Mesh(np.array(tfspmd.devices()[:4]), ("i",))
+  lhs_spec = P(None, "i")
+  rhs_spec = P("i", None)
+
+  @functools.partial(tfspmd.shard_map, mesh=mesh,
+                     in_specs=(lhs_spec, rhs_spec), out_specs=rhs_spec)
+  def matmul_psumscatter_overlapped_bidi(lhs_block, rhs_block):
+    size = lax.axis_size("i")
+    idx = lax.axis_index("i")
+    shift_up = functools.partial(
+        lax.ppermute, axis_name="i",
+        perm=[(i, (i + 1) % size) for i in range(size)])
+    shift_dn = functools.partial(
+        lax.ppermute, axis_name="i",
+        perm=[(i, (i - 1) % size) for i in range(size)])
+
+    B = lhs_block.shape[0] // size // 2  # pylint: disable=invalid-name
+    lhs_blocks = lambda i, hi: dynamic_slice_in_dim(
+        lhs_block, (2 * i + hi) * B, B, 0)
+
+    out_summand_lo = lhs_blocks((idx - 1) % size, 0) @ rhs_block
+    out_summand_hi = lhs_blocks((idx + 1) % size, 1) @ rhs_block
+    for i in range(1, size):
+      out_summand_lo = shift_up(out_summand_lo)
+      out_summand_hi = shift_dn(out_summand_hi)
+      out_summand_lo += lhs_blocks((idx - i - 1) % size, 0) @ rhs_block
+      out_summand_hi += lhs_blocks((idx + i + 1) % size, 1) @ rhs_block
+    return tf.concat([out_summand_lo, out_summand_hi], 0)
+
+  rng = np.random.default_rng(2)
+  lhs = rng.standard_normal((16, 8)).astype(np.float32)
+  rhs = rng.standard_normal((8, 4)).astype(np.float32)
+  want = np.float64(lhs) @ rhs
+  np.testing.assert_allclose(want.sum(), 13.083048, rtol=1e-6)
+  np.testing.assert_allclose(want[5], [2.49794, 0.0149447, 1.01393, -0.894147],
+                             rtol=1e-5)
+  out = np.asarray(matmul_psumscatter_overlapped_bidi(lhs, rhs))
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+# The expert-parallel MoE: E experts, hidden size H, top-K routing of NT
+# tokens, CAPACITY (token, k) pairs per expert from each device.
+E, H, K, NT, CAPACITY, PAD_VALUE = 8, 4, 2, 64, 4, -1000.
+
+
+def moe_data():
+  rng = np.random.default_rng(3)
+  tokens = rng.standard_normal((NT, H)).astype(np.float32)
+  router = rng.standard_normal((H, E)).astype(np.float32)
+  experts = rng.standard_normal((E, 1)).astype(np.float32)
+  weights_out = rng.standard_normal((NT, H)).astype(np.float32)
+  return tokens, router, experts, weights_out
+
+
+def numpy_moe(tokens, router, experts, weights_out, devices=8):
+  """The MoE's outputs, loss and gradients, with its capacity cut, in float64.
+
+  Device d holds (token, k) pairs [d * m, (d + 1) * m). Sorted by expert,
+  each expert keeps its first CAPACITY; the kept pairs come back in that
+  order and are written over the sorted positions from the first, so after
+  a cut a pair gets a later pair's value and the last pairs get padding.
+  """
+  tokens, router, experts, weights_out = (
+      np.asarray(a, np.float64) for a in (tokens, router, experts,
+                                           weights_out))
+  logits = tokens @ router
+  indices = np.argsort(-logits, axis=1, kind="stable")[:, :K]
+  top = np.take_along_axis(logits, indices, 1)
+  gates = np.exp(top - top.max(1, keepdims=True))
+  gates /= gates.sum(1, keepdims=True)
+  pairs = indices.reshape(-1)
+  per_device = len(pairs) // devices
+  source = np.full(len(pairs), -1)  # the pair whose value each pair gets
+  for d in range(devices):
+    mine = np.arange(d * per_device, (d + 1) * per_device)
+    by_expert = mine[np.argsort(pairs[mine], kind="stable")]
+    kept = [p for e in range(E)
+            for p in by_expert[pairs[by_expert] == e][:CAPACITY]]
+    source[by_expert[:len(kept)]] = kept
+  served = source >= 0
+  out = np.full((len(pairs), H), PAD_VALUE)
+  out[served] = tokens[source[served] // K] + experts[pairs[source[served]]]
+  out = out.reshape(NT, K, H)
+  y = np.sum(gates[..., None] * out, axis=1)
+  loss = np.sum(y * weights_out)
+  d_out = (gates[..., None] * weights_out[:, None]).reshape(-1, H)
+  d_gates = np.sum(out * weights_out[:, None], axis=-1)
+  d_top = gates * (d_gates - np.sum(gates * d_gates, 1, keepdims=True))
+  d_logits = np.zeros_like(logits)
+  np.put_along_axis(d_logits, indices, d_top, 1)
+  d_tokens = d_logits @ router.T
+  np.add.at(d_tokens, source[served] // K, d_out[served])
+  d_experts = np.zeros((E, 1))
+  np.add.at(d_experts[:, 0], pairs[source[served]], d_out[served].sum(-1))
+  return y, loss, (d_tokens, tokens.T @ d_logits, d_experts), np.sum(~served)
+
+
+def test_expert_parallel_moe_with_capacity_cut_and_gradient():
+  """The expert-parallel MoE of a public JAX test file (its unittest class
+  TestMoe, on 12 CPU devices: `_func` of test_compute_ragged_all_to_all_info,
+  with the top-k routing of `_ragged_all_to_all_moe`): in a shard_map over an ('x', 'y') mesh, each
+  device sorts its (token, k) pairs by expert, cuts each expert's run to
+  the capacity (padding with -1000), all_to_all's them over 'y' to the
+  devices of their experts (each adds its expert's parameter) and back,
+  and unsorts them; the gates weight the K results; jax.grad of a weighted
+  sum. Here on a (2, 4) mesh with 8 experts, 64 tokens of 4 features,
+  top-2, and a capacity per device of half its pairs (4 per expert): 5
+  pairs are cut (3 experts overflow on some device).
+
+  JAX printed y sum -10333.16388956923, loss -3243.915771484375, gradient
+  sums (tokens, router, experts) 1149.9763295683078, -0.0001156926,
+  15.932575106620789, the experts' gradient [1.9078646, 7.1779919,
+  0.3119745, -0.7332257, 3.7317429, -0.7510149, 0.5813282, 3.7059138],
+  and 5 rows of y holding padding.
+  """
+  jax_experts_grad = [1.9078646, 7.1779919, 0.3119745, -0.7332257,
+                      3.7317429, -0.7510149, 0.5813282, 3.7059138]
+  mesh = tfspmd.Mesh(np.array(tfspmd.devices()).reshape(2, 4), ("x", "y"))
+  capacity_per_device = NT * K // 8 // 2
+  expert_capacity_per_expert = capacity_per_device * 4 // E
+  assert expert_capacity_per_expert == CAPACITY
+
+  @functools.partial(
+      tfspmd.shard_map, mesh=mesh,
+      in_specs=(P(("x", "y")), P(("x", "y")), P("y")),
+      out_specs=P(("x", "y")))
+  def _func(local_tokens, local_expert_indices, local_expert_param):
+    sorter = tf.argsort(local_expert_indices, stable=True)
+    unsorter = tf.argsort(sorter, stable=True)
+    sorted_local_tokens = tf.gather(local_tokens, sorter)
+    sorted_expert_indices = tf.gather(local_expert_indices, sorter)
+    num_tokens, hidden_dim = local_tokens.shape
+    all_expert_indices = tf.range(E)
+    expert_start_offsets = tf.searchsorted(sorted_expert_indices,
+                                           all_expert_indices)
+    num_tokens_send_to_each_expert = tf.concat(
+        [expert_start_offsets[1:], [num_tokens]], 0) - expert_start_offsets
+    padded_sorted_local_tokens = tf.pad(
+        sorted_local_tokens, [[0, expert_capacity_per_expert], [0, 0]])
+
+    def _slice_tokens(expert_idx):
+      offset = expert_start_offsets[expert_idx]
+      tokens = dynamic_slice_in_dim(padded_sorted_local_tokens, offset,
+                                    expert_capacity_per_expert, 0)
+      size = num_tokens_send_to_each_expert[expert_idx]
+      mask = tf.where(tf.range(expert_capacity_per_expert) < size, 1., 0.)
+      return (mask[..., None] * tokens) + (1 - mask[..., None]) * (
+          tf.broadcast_to(PAD_VALUE, tokens.shape))
+
+    tokens_to_send = tfspmd.vmap(_slice_tokens)(all_expert_indices)
+    tokens_to_me = lax.all_to_all(tokens_to_send, axis_name="y",
+                                  split_axis=0, concat_axis=1, tiled=True)
+    num_local_experts = local_expert_param.shape[0]
+    mask = tokens_to_me != PAD_VALUE
+    applied_tokens = tokens_to_me + tf.reshape(
+        local_expert_param, [num_local_experts, 1, 1])
+    applied_tokens = tf.where(mask, applied_tokens, PAD_VALUE)
+    applied_tokens = lax.all_to_all(applied_tokens, axis_name="y",
+                                    split_axis=1, concat_axis=0, tiled=True)
+    applied_tokens = tf.reshape(applied_tokens, [-1, hidden_dim])
+    discard_padding_sorter = tf.argsort(
+        tf.where(applied_tokens[..., 0] != PAD_VALUE, 0, 1), stable=True)
+    result = tf.gather(applied_tokens, discard_padding_sorter)[:num_tokens]
+    return tf.gather(result, unsorter)
+
+  def moe(tokens, router, experts):
+    routing_weights = tokens @ router
+    expert_weights, expert_indices = tf.math.top_k(routing_weights, k=K)
+    expert_weights = tf.nn.softmax(expert_weights, axis=-1)
+    duplicated = tf.reshape(
+        tf.broadcast_to(tokens[:, None], (NT, K, H)), [-1, H])
+    out = tf.reshape(
+        tf.convert_to_tensor(
+            _func(duplicated, tf.reshape(expert_indices, [-1]), experts)),
+        [NT, K, H])
+    return tf.reduce_sum(expert_weights[..., None] * out, axis=1)
+
+  tokens, router, experts, weights_out = moe_data()
+  want_y, want_loss, want_grads, cut = numpy_moe(tokens, router, experts,
+                                                 weights_out)
+  assert cut == 5
+  np.testing.assert_allclose(want_y.sum(), -10333.16388956923, rtol=1e-7)
+  np.testing.assert_allclose(want_loss, -3243.915771484375, rtol=1e-7)
+  np.testing.assert_allclose([g.sum() for g in want_grads],
+                             [1149.9763295683078, -0.0001156926,
+                              15.932575106620789], rtol=1e-6, atol=3e-4)
+  np.testing.assert_allclose(want_grads[2].ravel(), jax_experts_grad,
+                             rtol=1e-6)
+  assert np.sum((want_y < -100).any(-1)) == 5
+
+  variables = [tf.Variable(a) for a in (tokens, router, experts)]
+  with tf.GradientTape() as tape:
+    y = moe(*variables)
+    loss = tf.reduce_sum(y * weights_out)
+  grads = tape.gradient(loss, variables)
+  np.testing.assert_allclose(np.asarray(y), want_y, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(float(loss), want_loss, rtol=1e-6)
+  for got, want in zip(grads, want_grads):
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-3)

@@ -45,7 +45,7 @@ def _convert_slice(pfor_input):
         f"when tracing. Give tf.slice a static size (no -1 past an offset "
         f"that differs between devices), as lax.dynamic_slice takes one.")
   begin = _stacked_offsets(pfor_input, 1)
-  value = pfor_input.stacked_input(0)
+  value = _stacked_value(pfor_input)
   return [tf_internal.wrap_converted(
       slice_rows(value, begin, sizes.as_list()), True)]
 
@@ -55,7 +55,7 @@ def _convert_strided_slice(pfor_input):
   operation = pfor_input.op
   if not _offsets_stacked(pfor_input) or pfor_input.input(3).is_stacked:
     return per_position.default_or_per_position(pfor_input)
-  value = pfor_input.stacked_input(0)
+  value = _stacked_value(pfor_input)
   sizes = _strided_slice_sizes(operation, value.shape.as_list()[1:])
   if sizes is None:
     raise ValueError(
@@ -82,6 +82,13 @@ def _convert_strided_slice(pfor_input):
           if axis >= given or not shrink >> axis & 1]
   return [tf_internal.wrap_converted(
       tf.reshape(sliced, [value.shape[0]] + kept), True)]
+
+
+def _stacked_value(pfor_input):
+  """The sliced value, one copy per position where it is the same for all
+  (a value of the enclosing function sliced at the offsets of a vmap)."""
+  pfor_input.stack_inputs(stack_indices=[0])
+  return pfor_input.stacked_input(0)
 
 
 def _strided_slice_sizes(operation, dims):

@@ -14,6 +14,7 @@ line that made it.
 
 import os
 
+import numpy as np
 import tensorflow as tf
 
 from tfspmd._src import tf_internal
@@ -26,10 +27,12 @@ _do_not_convert = tf.autograph.experimental.do_not_convert
 
 
 def mark_slices(operations):
-  """Gives each StridedSlice with new axes among `operations` our converter."""
+  """Gives our converters to the slices with new axes and their gradients."""
   for op in operations:
     if op.type == "StridedSlice" and op.get_attr("new_axis_mask"):
       tf_internal.set_pfor_converter(op, _convert)
+    if op.type == "StridedSliceGrad" and op.get_attr("new_axis_mask"):
+      tf_internal.set_pfor_converter(op, _convert_gradient)
 
 
 @_do_not_convert
@@ -63,6 +66,49 @@ def _convert(pfor_input):
       shrink_axis_mask=masks["shrink_axis_mask"] << 1)
   return tf_internal.wrap_converted(
       tf.reshape(sliced, [loop_len] + out_shape.as_list()), True)
+
+
+@_do_not_convert
+def _convert_gradient(pfor_input):
+  """pfor's StridedSliceGrad conversion, of the slice without its new axes.
+
+  The gradient of a slice with new axes reads the same slice spec in
+  DTensor's layout propagation; the incoming gradient, reshaped to drop the
+  new axes (each of size 1), is the gradient of the slice without them.
+  """
+  op = pfor_input.op
+  default = tf_internal.default_pfor_converter("StridedSliceGrad")
+  if (any(pfor_input.input(k).is_stacked for k in (0, 1, 2, 3)) or
+      not pfor_input.input(4).is_stacked):
+    return default(pfor_input)
+  shape, begin, end, strides = [
+      tf.get_static_value(pfor_input.unstacked_input(k)) for k in range(4)]
+  dy = pfor_input.stacked_input(4)
+  if (any(v is None for v in (shape, begin, end, strides)) or
+      dy.shape[0] is None):
+    return default(pfor_input)
+  new_axis = op.get_attr("new_axis_mask")
+  kept = [k for k in range(len(begin)) if not new_axis >> k & 1]
+  masks = {name: _compact(op.get_attr(name), kept)
+           for name in ("begin_mask", "end_mask", "ellipsis_mask",
+                        "shrink_axis_mask")}
+  spec = [np.array([v[k] for k in kept], np.int32)
+          for v in (begin, end, strides)]
+  with tf.Graph().as_default():
+    sliced_shape = tf.strided_slice(tf.zeros(shape), *spec, **masks).shape
+  loop_len = dy.shape[0]
+  # The loop's own axis goes in front, whole: as pfor's converter does.
+  grad = tf.raw_ops.StridedSliceGrad(
+      shape=np.array([loop_len, *shape], np.int32),
+      begin=np.array([0, *spec[0]], np.int32),
+      end=np.array([0, *spec[1]], np.int32),
+      strides=np.array([1, *spec[2]], np.int32),
+      dy=tf.reshape(dy, [loop_len] + sliced_shape.as_list()),
+      begin_mask=masks["begin_mask"] << 1 | 1,
+      end_mask=masks["end_mask"] << 1 | 1,
+      ellipsis_mask=masks["ellipsis_mask"] << 1,
+      shrink_axis_mask=masks["shrink_axis_mask"] << 1)
+  return tf_internal.wrap_converted(grad, True)
 
 
 def check_program(outputs, axis_name):

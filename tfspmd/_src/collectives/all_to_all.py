@@ -8,11 +8,13 @@ with the split and concat axes swapped.
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.experimental import dtensor
 
 from tfspmd._src import axis_env
 from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
+from tfspmd._src.collectives import pin
 from tfspmd._src.collectives import resplit
 
 
@@ -28,7 +30,8 @@ def _all_to_all_step(split_axis, concat_axis, tiled):
       shape = tensor.shape.as_list()
       tensor = tf.reshape(tensor, shape[:split] + [size, shape[split] // size] +
                           shape[split + 1:])
-    moved = stacking.move_axis(_exchange(tensor, split, frame), 1, concat)
+    moved = stacking.move_axis(_exchange(tensor, split, frame, batch_dims), 1,
+                               concat)
     if not tiled:
       return moved, True
     # Concatenate the senders j into the concat axis that follows them.
@@ -38,7 +41,7 @@ def _all_to_all_step(split_axis, concat_axis, tiled):
   return step
 
 
-def _exchange(tensor, split, frame):
+def _exchange(tensor, split, frame, batch_dims):
   """[sender j, ..., block i at `split`, ...] -> [i, j, ...]: the all-to-all.
 
   A transpose of the stacked axis with the split axis is DTensor's
@@ -49,7 +52,8 @@ def _exchange(tensor, split, frame):
   [-, -, -, c] -> [-, -, c, -]); and its all-to-all takes only floats and
   32/64-bit signed integers. There a `gather_nd` that keeps the sender axis
   in place is right: DTensor gathers the value to every device and each
-  keeps its block, moving n times the data (docs/collectives.md).
+  keeps its block, moving n times the data (docs/collectives.md). Its
+  result is pinned split along the receivers, for the same reason as below.
 
   The transpose's result is laid out with the sender axis split, where it
   went, and then relaid out with the receiver axis split: DTensor's
@@ -64,12 +68,16 @@ def _exchange(tensor, split, frame):
   resplitter = resplit.for_frame(frame, tensor.dtype)
   if resplitter is not None:
     moved = stacking.move_axis_to_front(tensor, split)
-    return resplitter.split_along(resplitter.split_along(moved, 1), 0)
+    return resplitter.move_split(moved, 1, 0)
   size = tensor.shape[0]
   blocks_second = stacking.move_axis(tensor, split, 1)
   pairs = np.stack(np.meshgrid(np.arange(size), np.arange(size),
                                indexing="ij")[::-1], axis=-1)
-  return tf.gather_nd(blocks_second, pairs.astype(np.int32))
+  exchanged = tf.gather_nd(blocks_second, pairs.astype(np.int32))
+  if not pin.applies(frame, batch_dims):
+    return exchanged
+  return pin.pin(exchanged, [frame.mesh_dim] + [dtensor.UNSHARDED] * (
+      exchanged.shape.rank - 1))
 
 
 def _all_to_all_leaf(value, targets, split_axis, concat_axis, tiled,

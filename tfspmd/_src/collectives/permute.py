@@ -84,7 +84,7 @@ def _permute_in_chunks(tensor, source_of, resplitter):
   if chunk * count != length:
     rows = tf.pad(rows, [[0, 0], [0, chunk * count - length]])
   chunks = tf.reshape(rows, [shape[0], count, chunk])
-  by_chunk = resplitter.split_along(chunks, 1)
+  by_chunk = resplitter.move_split(chunks, 0, 1)
   moved = resplitter.split_along(_gather_sources(by_chunk, source_of), 0)
   rows = tf.reshape(moved, [shape[0], chunk * count])
   if chunk * count != length:

@@ -52,6 +52,18 @@ class Resplitter:
     spec[axis] = self._dim
     return dtensor.relayout(tensor, self._state.layout(spec))
 
+  def move_split(self, tensor, source, destination):
+    """`tensor`, split along `source`, relaid out split along `destination`.
+
+    DTensor's layout propagation carries a relayout's layout back into the
+    producers of its input: a value made on every device (a `tf.zeros`
+    with rows scattered into it) would take the split along `destination`
+    and pass it on to its own inputs, where that axis may be too short to
+    split ("does not evenly divide the length of that axis"). Relaying the
+    value out split along `source` first keeps the producers as they are.
+    """
+    return self.split_along(self.split_along(tensor, source), destination)
+
 
 def for_frame(frame, dtype):
   """A `Resplitter` for values of `dtype` stacked over `frame`, or None.
