@@ -1,23 +1,20 @@
-"""DTensor's device for tfspmd's programs: synchronous, replaced after a failure.
+"""DTensor's device for tfspmd's programs: replaced after a failure.
 
-Two facts about DTensor's device (TF 2.21, 8 CPU devices) shape this module:
-- When a program fails while it runs (an op's kernel raises on some device:
-  `tf.debugging.check_numerics` on a NaN, a `tf.gather` index out of range),
-  the device cancels its cancellation manager and never makes a new one.
-  Every later program on it is cancelled before it starts, and under
-  DTensor's multi-device expansion the next one crashes the process (a
-  double free or a segfault). A new device is the only way back.
-- The device DTensor makes by default is asynchronous: a failure surfaces at
-  a later fetch or call, often as a bare `CancelledError` with the cause
-  only in the log, and a call made before it surfaced runs on the broken
-  device. A synchronous device raises the cause at the call that failed.
+When a program fails while it runs (an op's kernel raises on some device:
+`tf.debugging.check_numerics` on a NaN, a `tf.gather` index out of range),
+DTensor's device (TF 2.21, 8 CPU devices) cancels its cancellation manager
+and never makes a new one. Every later program on it is cancelled before it
+starts, and under DTensor's multi-device expansion the next one crashes the
+process (a double free or a segfault). A new device is the only way back.
 
-So tfspmd makes DTensor's device synchronous before it first places a value
-(unless the program made DTensor's device before), and `replace`s it after a
-call fails. A `ShardedArray` placed before stays readable, and moves to the
-new device the first time it is used (`current`). A traced program that ran
-on a replaced device cannot run on the new one (the functions DTensor made
-of it keep their names there): `generation` tells the caches to trace again.
+DTensor runs programs asynchronously, so a failure would surface only at a
+later fetch, after the next call had already crashed: a program that may
+fail is waited on at its call (`run_errors.may_fail`), and tfspmd
+`replace`s the device there. A `ShardedArray` placed before stays readable,
+and moves to the new device the first time it is used (`current`). A traced
+program that ran on a replaced device cannot run on the new one (the
+functions DTensor made of it keep their names there): `generation` tells the
+caches to trace again.
 """
 
 import threading
@@ -27,18 +24,8 @@ from tensorflow.experimental import dtensor
 from tfspmd._src import tf_internal
 
 _lock = threading.Lock()
-_ours = None
 _generation = 0
 _replaced = {}  # device name -> replaced DTensorDevice, to read its values.
-
-
-def ensure():
-  """Makes DTensor's device synchronous if nothing made one yet."""
-  global _ours
-  if _ours is None and tf_internal.dtensor_device() is None:
-    with _lock:
-      if tf_internal.dtensor_device() is None:
-        _ours = tf_internal.new_dtensor_device()
 
 
 def generation():
@@ -48,12 +35,12 @@ def generation():
 
 def replace():
   """Gives DTensor a new device after a program failed on the current one."""
-  global _ours, _generation
+  global _generation
   with _lock:
     old = tf_internal.dtensor_device()
     if old is not None:
       _replaced[old.name] = old
-    _ours = tf_internal.new_dtensor_device()
+    tf_internal.new_dtensor_device()
     _generation += 1
 
 

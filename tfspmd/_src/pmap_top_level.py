@@ -18,6 +18,7 @@ from tfspmd._src import dtensor_settings
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import pmap_donation
 from tfspmd._src import run_errors
+from tfspmd._src import tf_internal
 from tfspmd._src.config import config
 from tfspmd._src.sharded_array import ShardedArray
 
@@ -57,9 +58,10 @@ def run(program, values, axis_name):
   """Places `values`, runs `program`, wraps its outputs as `ShardedArray`s.
 
   A program that fails while it runs leaves DTensor's device unusable: the
-  device is replaced (`dtensor_device`) before the error is raised.
+  device is replaced (`dtensor_device`) before the error is raised. DTensor
+  runs programs asynchronously, so a program that may fail is waited on
+  here, where its failure surfaces.
   """
-  dtensor_device.ensure()
   placed = [_place(value, placement)
             for value, placement in zip(values, program.input_placements)]
   try:
@@ -69,6 +71,10 @@ def run(program, values, axis_name):
       else:
         with dtensor.run_on(program.mesh):
           outputs = program.function()
+      if program.may_fail:
+        tf_internal.wait_for_pending_ops()
+        for output in outputs:
+          dtensor.unpack(output)
   except tf.errors.OpError as e:
     distributed.raise_peer_failure(e)
     explained = dtensor_errors.explain(e, axis_name)

@@ -24,6 +24,7 @@ from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import new_axis
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import replicated_ops
+from tfspmd._src import run_errors
 from tfspmd._src import steps as steps_lib
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
@@ -50,6 +51,8 @@ class Program:
     trainable_variables: The trainable variables the program reads.
     dtensor_switches: The DTensor settings it runs under.
     device_generation: The `dtensor_device.generation()` it was traced in.
+    may_fail: Whether it may fail while it runs (`run_errors.may_fail`): its
+      call then waits for its results.
   """
   function: object
   input_placements: tuple
@@ -64,6 +67,7 @@ class Program:
   trainable_variables: tuple
   dtensor_switches: tuple
   device_generation: int
+  may_fail: bool
 
 
 @functools.lru_cache(maxsize=4096)
@@ -83,7 +87,6 @@ def cached_program(options, programs, key, call, values):
     call: The bound call (`mapped_args`).
     values: The input leaves (their dtypes are read).
   """
-  dtensor_device.ensure()
   program = programs.get(key)
   if (program is None or
       program.device_generation != dtensor_device.generation()):
@@ -192,7 +195,8 @@ def _trace(options, call, shapes, dtypes):
           mesh_key[2], len(mesh_key[1]),
           devices_lib.process_count(), graph_def),
       mesh=mesh,
-      device_generation=dtensor_device.generation())
+      device_generation=dtensor_device.generation(),
+      may_fail=run_errors.may_fail(graph_def))
 
 
 def _describe(options, mesh_key, specs, graph):

@@ -11,6 +11,57 @@ import re
 
 from tfspmd._src import tf_internal
 
+# Ops whose kernels cannot fail on inputs of the shapes their program was
+# traced with: a program of only these runs without waiting for its result.
+_CANNOT_FAIL = frozenset("""
+Abs Acos Acosh Add AddN AddV2 All Any ArgMax ArgMin Asin Asinh Atan Atan2
+Atanh AvgPool AvgPoolGrad BatchMatMulV2 BatchMatMulV3 BiasAdd BiasAddGrad
+BroadcastArgs BroadcastGradientArgs BroadcastTo Cast Ceil ClipByValue
+Complex ComplexAbs Concat ConcatV2 Conj Const Conv2D Conv2DBackpropFilter
+Conv2DBackpropInput Cos Cosh Cumprod Cumsum DepthwiseConv2dNative
+DepthwiseConv2dNativeBackpropFilter DepthwiseConv2dNativeBackpropInput
+Div DivNoNan Einsum Elu EluGrad Equal Erf Erfc Exp ExpandDims Expm1 Fill
+Floor FloorDiv FloorMod Gelu Greater GreaterEqual Identity IdentityN Imag
+IsFinite IsInf IsNan L2Loss LeakyRelu LeakyReluGrad Less LessEqual Lgamma
+Log Log1p LogSoftmax LogicalAnd LogicalNot LogicalOr MatMul Max MaxPool
+MaxPoolGrad Maximum Mean Min Minimum Mod Mul MulNoNan Neg NoOp NotEqual
+OneHot OnesLike Pack Pad PadV2 Placeholder Pow Prod Range Rank
+ReadVariableOp Real RealDiv Reciprocal ReciprocalGrad Relayout Relu Relu6
+Relu6Grad ReluGrad Reshape Rint Round Rsqrt RsqrtGrad Select SelectV2
+Selu SeluGrad Shape ShapeN Sigmoid SigmoidGrad Sign Sin Sinh Size Slice
+Softmax SoftmaxCrossEntropyWithLogits Softplus SoftplusGrad Softsign
+SoftsignGrad Split SplitV Sqrt SqrtGrad Square SquaredDifference Squeeze
+StatefulPartitionedCall StatelessIf StatelessWhile StopGradient
+StridedSlice StridedSliceGrad Sub Sum Tan Tanh TanhGrad Tile TopKV2
+Transpose Unpack While If PartitionedCall Xdivy Xlog1py Xlogy ZerosLike
+_Arg _Retval
+""".split())
+_GATHERS = ("GatherV2", "GatherNd", "ResourceGather")
+
+
+def may_fail(graph_def):
+  """Whether the program of `graph_def` may fail while it runs.
+
+  A kernel that raises (`tf.debugging.check_numerics` of a NaN, a gather
+  index out of range on CPU) leaves DTensor's device unable to run anything
+  more, and the next program on it crashes the process (TF 2.21). So a
+  program with an op not known to be safe is waited on at its call, where
+  its failure is caught and the device replaced. A gather at constant
+  positions (ppermute's) is safe.
+  """
+  for nodes in [graph_def.node] + [f.node_def for f in graph_def.library.function]:
+    by_name = {node.name: node for node in nodes}
+    for node in nodes:
+      if node.op in _CANNOT_FAIL:
+        continue
+      if node.op in _GATHERS and len(node.input) > 1:
+        indices = by_name.get(node.input[1].split(":")[0])
+        if indices is not None and indices.op == "Const":
+          continue
+      return True
+  return False
+
+
 _ROOT = re.compile(r"^\s*\(\d+\) ([A-Z_]+): ", re.MULTILINE)
 _FUNCTION = re.compile(r"\{\{function_node [^}]*\}\}\s*")
 _NODE = re.compile(r"\[\[\{\{node ([^}]*)\}\}\]\]")

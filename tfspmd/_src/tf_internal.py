@@ -198,12 +198,12 @@ def dtensor_device():
 
 
 def new_dtensor_device():
-  """Makes DTensor use a new synchronous device from now on; returns it.
+  """Makes DTensor use a new (asynchronous, as its own) device; returns it.
 
   Tensors already on the previous device stay there, readable through its
   object (`device.unpack`).
   """
-  _dtensor_api.reset_dtensor_device(is_async=False)
+  _dtensor_api.reset_dtensor_device(is_async=True)
   return dtensor_device()
 
 

@@ -86,7 +86,7 @@ def _reduce_scatter(tensor, axis, tiled, resplitter):
   if tiled:
     tensor = _split_axis(tensor, axis, resplitter.size)
   blocks = stacking.move_axis(tensor, axis, 1)
-  return tf.reduce_sum(resplitter.move_split(blocks, 0, 1), axis=0)
+  return tf.reduce_sum(resplitter.split_along(blocks, 1), axis=0)
 
 
 def _all_gather_leaf(value, targets, axis, tiled):
