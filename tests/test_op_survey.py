@@ -616,6 +616,15 @@ def _write_doc(outcomes):
       "every device, from inputs gathered onto every device, each device "
       "keeping its own part: n times the op's work, plus the gathering.",
       "",
+      "What the routes cost (benchmarks/op_routes.py, 8 logical CPU "
+      "devices, 128 x 256 float32 per device, medians of 30 interleaved "
+      "rounds): `tf.math.cumprod` on the replicated route 9.9 ms against "
+      "2.5 ms for the same values as `exp(cumsum(log x))` on pfor's (4.0x); "
+      "`tf.math.bincount` per position 3.0 ms against 3.6 ms for a one-hot "
+      "sum (0.84x: the one-hot rows cost more than eight small counts); "
+      "`tf.slice` at an `axis_index` offset 0.98 ms against 0.67 ms for a "
+      "static slice (1.5x).",
+      "",
       "A slice or strided slice at an offset that differs between devices "
       "(`x[i]`, `tf.slice(x, begin, size)` with `begin` from "
       "`lax.axis_index`) is a gather of each device's own rows, clamped into "
