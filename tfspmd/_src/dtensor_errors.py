@@ -15,6 +15,8 @@ _DIAGNOSTIC = re.compile(r"error: 'tf\.(\w+)' op ([^\n\[]*)")
 
 _NO_LAYOUT = "does not implement layout propagation"
 
+_FAILED_OPERATION = re.compile(r'see current operation: %\S+ = "tf\.(\w+)"')
+
 # Ops users meet through another API, and what to write instead.
 _HINTS = {
     "DynamicPartition": (
@@ -34,6 +36,26 @@ _HINTS = {
 }
 
 
+def _expansion_failure(error, axis_name):
+  """A ValueError for DTensor's failure to expand one op, or None.
+
+  DTensor reports it as "error: <why>" followed by its stack and "see
+  current operation: %N = "tf.<Op>"(...)".
+  """
+  found = _FAILED_OPERATION.search(error.message)
+  if found is None or "While computing SPMD expansion" not in error.message:
+    return None
+  why = error.message.split("error: ", 1)[-1]
+  why = why.split(". The full requested layout")[0].split("\n")[0]
+  why = re.sub(r" sharding_specs:\S*( mesh:\S*)?", "", why).rstrip(".")
+  return ValueError(
+      f"the function mapped over axis {axis_name!r} uses the op "
+      f"{found.group(1)}, which DTensor (TF {tf.__version__}) could not split "
+      f"over the devices: {why}. Build the op's inputs another way (a "
+      f"tf.where or a one-hot sum instead of a scatter into new zeros), or "
+      f"compute the op outside the mapped function.")
+
+
 def explain(error, axis_name):
   """A ValueError for `error` naming the op DTensor refused, or None.
 
@@ -43,7 +65,7 @@ def explain(error, axis_name):
   """
   match = _DIAGNOSTIC.search(error.message)
   if match is None:
-    return None
+    return _expansion_failure(error, axis_name)
   op = match.group(1)
   # "ComputeLayoutForward error: <what>. Please file a feature request ..."
   reason = match.group(2).split(" Please ")[0].strip().rstrip(".")
