@@ -138,9 +138,7 @@ def _convert_roll(pfor_input):
 
 def _convert_roll_by_device(pfor_input):
   """A roll whose shift differs between devices: a gather of each row."""
-  value, stacked, _ = pfor_input.input(0)
-  value = tf_internal.stacked(tf_internal.ConvertedValue(value, stacked),
-                              tf_internal.pfor_loop_size(pfor_input))
+  value = tf_internal.stacked_input(pfor_input, 0)
   shifts = pfor_input.stacked_input(1)
   axes = tf.get_static_value(pfor_input.unstacked_input(2))
   rank = pfor_input.op.inputs[0].shape.rank

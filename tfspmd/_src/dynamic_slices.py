@@ -44,8 +44,8 @@ def _convert_slice(pfor_input):
         f"that differs between devices and has the size {sizes}, not known "
         f"when tracing. Give tf.slice a static size (no -1 past an offset "
         f"that differs between devices), as lax.dynamic_slice takes one.")
-  begin = _stacked_offsets(pfor_input, 1)
-  value = _stacked_value(pfor_input)
+  begin = tf_internal.stacked_input(pfor_input, 1)
+  value = tf_internal.stacked_input(pfor_input, 0)
   return [tf_internal.wrap_converted(
       slice_rows(value, begin, sizes.as_list()), True)]
 
@@ -55,7 +55,7 @@ def _convert_strided_slice(pfor_input):
   operation = pfor_input.op
   if not _offsets_stacked(pfor_input) or pfor_input.input(3).is_stacked:
     return per_position.default_or_per_position(pfor_input)
-  value = _stacked_value(pfor_input)
+  value = tf_internal.stacked_input(pfor_input, 0)
   sizes = _strided_slice_sizes(operation, value.shape.as_list()[1:])
   if sizes is None:
     raise ValueError(
@@ -67,7 +67,7 @@ def _convert_strided_slice(pfor_input):
   shrink = operation.get_attr("shrink_axis_mask")
   begin_mask = operation.get_attr("begin_mask")
   dims = value.shape.as_list()[1:]
-  begin = _stacked_offsets(pfor_input, 1)
+  begin = tf_internal.stacked_input(pfor_input, 1)
   given = begin.shape[1]
   starts = []
   for axis, dim in enumerate(dims):
@@ -82,13 +82,6 @@ def _convert_strided_slice(pfor_input):
           if axis >= given or not shrink >> axis & 1]
   return [tf_internal.wrap_converted(
       tf.reshape(sliced, [value.shape[0]] + kept), True)]
-
-
-def _stacked_value(pfor_input):
-  """The sliced value, one copy per position where it is the same for all
-  (a value of the enclosing function sliced at the offsets of a vmap)."""
-  pfor_input.stack_inputs(stack_indices=[0])
-  return pfor_input.stacked_input(0)
 
 
 def _strided_slice_sizes(operation, dims):
@@ -142,15 +135,6 @@ def _static_components(tensor, allow_unknown=False):
     value = tf.get_static_value(scalar)
     components.append(None if value is None else int(value))
   return components
-
-
-def _stacked_offsets(pfor_input, index):
-  offsets = pfor_input.input(index)
-  if offsets.is_stacked:
-    return offsets.t
-  return tf_internal.stacked(
-      tf_internal.ConvertedValue(offsets.t, False),
-      tf_internal.pfor_loop_size(pfor_input))
 
 
 def slice_rows(value, begin, sizes):

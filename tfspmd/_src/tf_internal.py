@@ -336,6 +336,15 @@ def pfor_inputs(pfor_input):
           for k in range(pfor_input.num_inputs)]
 
 
+def stacked_input(pfor_input, index):
+  """Input `index` of the op being converted, with the loop axis in front.
+
+  An input the same on every position is repeated along the loop axis.
+  """
+  pfor_input.stack_inputs(stack_indices=[index])
+  return pfor_input.stacked_input(index)
+
+
 def pfor_loop_size(pfor_input):
   """The number of loop positions pfor is converting, as a Python int."""
   return int(tf.get_static_value(pfor_input.pfor.loop_len_vector)[0])
