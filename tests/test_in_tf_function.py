@@ -1,8 +1,9 @@
 """A pmapped function called from inside the user's own tf.function.
 
-The user's function takes the DTensors of pmap results
-(`ShardedArray.dtensor_value`), so TensorFlow runs it with DTensor; each
-pmap call inside becomes one call op of the user's graph.
+The pmap's program goes into the user's graph with no DTensor op of its
+own, so the same function runs on plain tensors (on one device) and on
+DTensors (on their devices, split as they are), and saves as a SavedModel
+that TensorFlow alone loads and serves.
 """
 
 import numpy as np
@@ -76,7 +77,10 @@ def test_a_sharded_array_given_to_a_users_function_stays_on_the_devices():
 
   result = twice(out)
   assert dtensor.is_dtensor(result)
-  np.testing.assert_array_equal(dtensor.unpack(result)[3], [12.])
+  # Whole on every device of the array's mesh, so TensorFlow can read it.
+  assert len(dtensor.unpack(result)) == 8
+  np.testing.assert_array_equal(dtensor.unpack(result)[3], np.arange(8) * 4.)
+  np.testing.assert_array_equal(result.numpy(), np.arange(8) * 4.)
   np.testing.assert_array_equal(double(result), np.arange(8) * 8.)
   twice(out)
   assert traces == [tf.TensorShape([8])]
@@ -89,3 +93,105 @@ def test_pmaps_over_two_device_counts_in_one_function():
   first, second = tf.function(lambda a, b: (double(a), double(b)))(eight, four)
   np.testing.assert_array_equal(double(first), np.arange(8) * 4.)
   np.testing.assert_array_equal(double(second), np.arange(4) * 4.)
+
+
+def _mean_free(v):
+  return v - lax.pmean(v, "i")
+
+
+def test_plain_tensors_go_through_a_pmap_inside_a_tf_function():
+  x = np.arange(24, dtype=np.float32).reshape(8, 3) ** 1.5
+  collectives = tfspmd.pmap(
+      lambda v: (_mean_free(v), lax.psum(v, "i"), lax.pmax(v, "i"),
+                 lax.all_gather(v, "i"),
+                 lax.ppermute(v, "i", [(j, (j + 1) % 8) for j in range(8)]),
+                 v * tf.cast(lax.axis_index("i"), tf.float32)), "i")
+  serve = tf.function(collectives)
+  centred, summed, largest, gathered, shifted, scaled = serve(tf.constant(x))
+  assert not dtensor.is_dtensor(centred)
+  np.testing.assert_allclose(centred.numpy(), x - x.mean(0), rtol=1e-5)
+  np.testing.assert_allclose(summed.numpy(), np.tile(x.sum(0), (8, 1)),
+                             rtol=1e-6)
+  np.testing.assert_array_equal(largest.numpy(), np.tile(x.max(0), (8, 1)))
+  np.testing.assert_array_equal(gathered.numpy(), np.tile(x, (8, 1, 1)))
+  np.testing.assert_array_equal(shifted.numpy(), np.roll(x, 1, axis=0))
+  np.testing.assert_array_equal(scaled.numpy(),
+                                x * np.arange(8, dtype=np.float32)[:, None])
+
+
+def test_plain_tensors_go_through_an_all_to_all_and_a_nested_pmap():
+  x = np.arange(64, dtype=np.float32).reshape(8, 8)
+  swap = tfspmd.pmap(lambda v: lax.all_to_all(v, "i", 0, 0), "i")
+  np.testing.assert_array_equal(tf.function(swap)(tf.constant(x)).numpy(),
+                                x.T)
+  nested = tfspmd.pmap(tfspmd.pmap(lambda v: lax.psum(v, "j") - v, "j"), "i")
+  y = x.reshape(2, 4, 8)
+  np.testing.assert_array_equal(
+      tf.function(nested)(tf.constant(y)).numpy(), y.sum(1, keepdims=True) - y)
+
+
+def test_a_shard_map_inside_a_tf_function_takes_plain_tensors():
+  mesh = tfspmd.make_mesh((2, 4), ("rows", "cols"))
+  P = tfspmd.PartitionSpec
+  total = tfspmd.shard_map(lambda b: lax.psum(b, "cols"), mesh=mesh,
+                           in_specs=P("rows", "cols"), out_specs=P("rows"))
+  x = np.arange(32, dtype=np.float32).reshape(4, 8)
+  got = tf.function(total)(tf.constant(x)).numpy()
+  expected = np.concatenate(
+      [x[r * 2:(r + 1) * 2].reshape(2, 4, 2).sum(1) for r in range(2)])
+  np.testing.assert_array_equal(got, expected)
+
+
+def test_a_gradient_through_a_pmap_inside_a_tf_function_on_plain_tensors():
+  x = np.linspace(-1., 1., 24, dtype=np.float32).reshape(8, 3)
+  loss = tfspmd.pmap(lambda w, v: lax.psum(tf.reduce_sum((v * w) ** 2), "i"),
+                     "i", in_axes=(None, 0), out_axes=None)
+
+  @tf.function
+  def gradient(w, v):
+    with tf.GradientTape() as tape:
+      tape.watch(w)
+      value = loss(w, v)
+    return value, tape.gradient(value, w)
+
+  w = np.array([.5, -1., 2.], np.float32)
+  value, grad = gradient(tf.constant(w), tf.constant(x))
+  np.testing.assert_allclose(value.numpy(), np.sum((x * w) ** 2), rtol=1e-5)
+  np.testing.assert_allclose(grad.numpy(), 2 * w * np.sum(x ** 2, 0),
+                             rtol=1e-5)
+
+
+@pytest.mark.parametrize("mesh_shape,names,spec", [
+    ((8,), ("x",), ["x", dtensor.UNSHARDED]),
+    ((2, 4), ("a", "b"), ["a", dtensor.UNSHARDED]),
+    ((8,), ("x",), [dtensor.UNSHARDED, dtensor.UNSHARDED]),
+    ((4,), ("x",), ["x", dtensor.UNSHARDED]),
+])
+def test_a_dtensor_on_the_users_own_mesh_stays_on_it(mesh_shape, names, spec):
+  count = int(np.prod(mesh_shape))
+  mesh = dtensor.create_mesh(list(zip(names, mesh_shape)),
+                             devices=[f"CPU:{i}" for i in range(count)])
+  layout = dtensor.Layout(spec, mesh)
+  x = np.arange(16, dtype=np.float32).reshape(8, 2) ** 2
+  value = dtensor.pack([tf.constant(x)] * count, dtensor.Layout.replicated(
+      mesh, 2))
+  value = dtensor.relayout(value, layout)
+  centred = tf.function(tfspmd.pmap(_mean_free, "i"))(value)
+  assert dtensor.fetch_layout(centred).mesh == mesh
+  whole = dtensor.relayout(centred, dtensor.Layout.replicated(mesh, 2))
+  np.testing.assert_allclose(whole.numpy(), x - x.mean(0), rtol=1e-5)
+
+
+def test_a_pmap_result_goes_through_a_keras_model_in_a_tf_function():
+  keras = pytest.importorskip("keras")
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  kernel, bias = (w.numpy() for w in model.weights)
+  x = np.arange(24, dtype=np.float32).reshape(8, 3) / 10.
+  doubled = tfspmd.pmap(lambda v: v * 2.)(x)
+  predictions = tf.function(lambda v: model(v))(doubled)
+  np.testing.assert_allclose(predictions.numpy(), (2 * x) @ kernel + bias,
+                             rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(predictions), (2 * x) @ kernel + bias,
+                             rtol=1e-5)
+  metric = tf.function(lambda v: tf.reduce_mean(tf.square(v)))(doubled)
+  np.testing.assert_allclose(metric.numpy(), np.mean((2 * x) ** 2), rtol=1e-6)

@@ -55,6 +55,10 @@ class TraceState:
     output_splits: id(tensor) -> (tensor, {axis: mesh_dim}) for results of
       nested pmaps.
     devices: The devices the program's mesh is made of.
+    lays_out: Whether the program places its values on the mesh (DTensor
+      relayouts). A program traced into a user's `tf.function` does not: the
+      same graph runs on plain tensors on one device as well as on DTensors,
+      and only DTensor can run a relayout.
   """
   mesh_axes: list
   max_devices: int
@@ -62,6 +66,7 @@ class TraceState:
   input_splits: dict = dataclasses.field(default_factory=dict)
   output_splits: dict = dataclasses.field(default_factory=dict)
   devices: tuple = ()
+  lays_out: bool = True
 
   def mesh_key(self):
     """`(dims, sizes, devices)` of the mesh of the axes registered so far."""

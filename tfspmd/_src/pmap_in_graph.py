@@ -32,7 +32,8 @@ def call(options, programs, args, kwargs):
                     for v, axis, path in zip(values, bound.in_axes,
                                              bound.paths))
   key = (bound.treedef, bound.static_key, signature)
-  program = pmap_trace.cached_program(options, programs, key, bound, values)
+  program = pmap_trace.cached_program(options, programs, key, bound, values,
+                                      lays_out=False)
   outputs = program.inline(*values)
   return program.output_treedef.unflatten(list(outputs))
 

@@ -38,7 +38,8 @@ class Program:
   """A traced program and how its inputs and outputs lie on the mesh.
 
   Attributes:
-    function: Calls the compiled program on placed inputs.
+    function: Calls the compiled program on placed inputs (None for a
+      program traced into a user's graph).
     input_placements: The `Placement` of each input leaf.
     output_placements: The `Placement` of each output leaf.
     output_shapes: This process's shape of each output leaf.
@@ -76,7 +77,7 @@ def placement_for(mesh_key, spec):
   return placement_lib.Placement(mesh_key, spec)
 
 
-def cached_program(options, programs, key, call, values):
+def cached_program(options, programs, key, call, values, lays_out=True):
   """The `Program` of the call signature `key`, traced if not in `programs`.
 
   Args:
@@ -86,17 +87,20 @@ def cached_program(options, programs, key, call, values):
       this process's shapes.
     call: The bound call (`mapped_args`).
     values: The input leaves (their dtypes are read).
+    lays_out: Whether the program places its values on the mesh
+      (`axis_env.TraceState.lays_out`).
   """
-  program = programs.get(key)
+  cache_key = key if lays_out else ("without layouts",) + key
+  program = programs.get(cache_key)
   if (program is None or
       program.device_generation != dtensor_device.generation()):
     program = _trace(options, call, [shape for shape, _ in key[2]],
-                     [value.dtype for value in values])
-    programs.put(key, program)
+                     [value.dtype for value in values], lays_out)
+    programs.put(cache_key, program)
   return program
 
 
-def _trace(options, call, shapes, dtypes):
+def _trace(options, call, shapes, dtypes, lays_out):
   paths = call.paths
   axes, size = options.args.axes_and_size(call.in_axes, shapes, paths)
   devices = options.mesh_devices(size)
@@ -111,7 +115,7 @@ def _trace(options, call, shapes, dtypes):
   state = axis_env.TraceState(
       mesh_axes=[(options.axis_name, size, top_dim)],
       max_devices=len(devices) if options.devices is None else size,
-      devices=tuple(devices))
+      devices=tuple(devices), lays_out=lays_out)
   rebuild = call.rebuilder()
   built = {}
 
@@ -151,7 +155,8 @@ def _trace(options, call, shapes, dtypes):
             spec[split_axis] = dim
         placement = placement_for(mesh_key, tuple(spec))
         placements.append(placement)
-        outputs.append(_relayout(value, placement.layout))
+        outputs.append(_relayout(value, placement.layout) if lays_out
+                       else value)
       built.update(result=result, placements=placements, mesh_key=mesh_key)
       return outputs
 
@@ -176,10 +181,15 @@ def _trace(options, call, shapes, dtypes):
   mesh = mesh_lib.mesh_for_axes(*mesh_key)
   graph_def = concrete.graph.as_graph_def()
   replicated_ops.enroll(node.op for node in dtensor_settings.nodes(graph_def))
+  # A program traced into a user's graph runs only there (`inline`); what
+  # it closes over may be the user's graph tensors, which DTensor cannot
+  # place from here.
+  function = None
+  if lays_out:
+    function = tf_internal.flat_caller(
+        concrete, [_on_mesh(value, mesh) for value in concrete.captured_inputs])
   return Program(
-      function=tf_internal.flat_caller(
-          concrete, [_on_mesh(value, mesh)
-                     for value in concrete.captured_inputs]),
+      function=function,
       input_placements=tuple(input_placements),
       output_placements=tuple(built["placements"]),
       output_shapes=tuple(

@@ -74,7 +74,8 @@ class ShardedArray:
     56.0
   """
 
-  __slots__ = ("_value", "_placement", "_shape", "_dtype", "_host", "__weakref__")
+  __slots__ = ("_value", "_placement", "_shape", "_dtype", "_host",
+               "_whole_on_each_device", "__weakref__")
 
   def __init__(self, value, placement, shape, dtype):
     self._value = value
@@ -82,6 +83,7 @@ class ShardedArray:
     self._shape = tf.TensorShape(shape)
     self._dtype = tf.as_dtype(dtype)
     self._host = None
+    self._whole_on_each_device = None
 
   @property
   def shape(self):
@@ -156,6 +158,7 @@ class ShardedArray:
     """Frees the device buffers; any later use raises RuntimeError."""
     self._value = None
     self._host = None
+    self._whole_on_each_device = None
 
   def _live(self):
     """The DTensor, moved to DTensor's current device if a failure replaced it."""
@@ -203,14 +206,28 @@ class ShardedArray:
     return tf.convert_to_tensor(self.numpy(), dtype=dtype, name=name)
 
   def __tf_tracing_type__(self, context):
-    """A tf.function given a ShardedArray gets its DTensor, as jax.jit would.
+    """A tf.function given a ShardedArray gets it whole on every device.
 
-    So `tf.function(lambda v: pmapped(v))(out)` runs on the devices, with no
-    trip through the host.
+    The function runs on the devices, with no trip through the host, and
+    what it returns is readable (`.numpy()`), as DTensor reads only
+    DTensors that are whole on each device. To keep the array split inside
+    the function (a loop of pmap calls), pass `dtensor_value` instead.
     """
     del context  # unused
     self._check_alive()
     return _ShardedArraySpec(self._value.shape, self._dtype)
+
+  def _whole_on_devices(self):
+    """The DTensor of the array whole on each device of its mesh, made once."""
+    self._check_alive()
+    if self._whole_on_each_device is None:
+      value = self._live()
+      self._whole_on_each_device = dtensor.relayout(
+          value, dtensor.Layout.replicated(self._placement.mesh,
+                                           value.shape.rank))
+    self._whole_on_each_device = dtensor_device.current(
+        self._whole_on_each_device)
+    return self._whole_on_each_device
 
   def __copy__(self):
     """A copy on the same devices, split the same way."""
@@ -425,7 +442,7 @@ class _ShardedArraySpec(tf.TensorSpec):
 
   def cast(self, value, casting_context):
     if isinstance(value, ShardedArray):
-      value = value.dtensor_value
+      value = value._whole_on_devices()  # pylint: disable=protected-access
     return super().cast(value, casting_context)
 
 

@@ -48,10 +48,11 @@ def pin(tensor, spec):
   Returns:
     `tensor` relaid out to `spec` (with the mesh dimensions of the
     enclosing levels in front, as each adds its axis); `tensor` itself
-    outside a pmap's trace (the devices of debug mode run eagerly).
+    outside a pmap's trace (the devices of debug mode run eagerly) and in a
+    program that does not lay out its values.
   """
   state = axis_env.trace_state()
-  if state is None:
+  if state is None or not state.lays_out:
     return tensor
   return _pin(tensor, list(spec), axis_env.frames(), state)
 

@@ -69,10 +69,11 @@ def for_frame(frame, dtype):
   """A `Resplitter` for values of `dtype` stacked over `frame`, or None.
 
   None where the all-to-all relayout is not right (see the module
-  docstring): the caller then lowers the collective another way.
+  docstring) or the program does not lay out its values: the caller then
+  lowers the collective another way.
   """
   state = axis_env.trace_state()
-  if (state is None or len(state.mesh_axes) != 1 or
+  if (state is None or not state.lays_out or len(state.mesh_axes) != 1 or
       dtype not in _ALL_TO_ALL_DTYPES or frame.mesh_dim is None or
       frame.mesh_dim != state.mesh_axes[0][2] or
       not dtensor_settings.in_id_order(state.mesh_key()[2])):
