@@ -22,8 +22,8 @@ import pytest
 import tensorflow as tf
 
 import tfspmd
-from adapters import checkpoint
 from tfspmd import lax
+from tfspmd.adapters import checkpoint
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC_PATH = os.path.join(_ROOT, "docs", "errors.md")
@@ -1218,8 +1218,8 @@ def _():
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import keras
-from adapters import keras_training
-from adapters import tf_data
+from tfspmd.adapters import keras_training
+from tfspmd.adapters import tf_data
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
