@@ -1189,7 +1189,7 @@ def _():
 @case("checkpoint-not-from-save", CHECKPOINTS,
       "checkpoint.restore of a checkpoint not written by checkpoint.save",
       ValueError, r"the checkpoint holds no state written by "
-      r"adapters\.checkpoint\.save with its leaves' paths")
+      r"tfspmd\.adapters\.checkpoint\.save with its leaves' paths")
 def _():
   path = tf.train.Checkpoint(state=[tf.Variable(1.)]).write(
       os.path.join(tempfile.mkdtemp(), "ckpt"))
