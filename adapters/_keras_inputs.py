@@ -13,9 +13,9 @@ import tensorflow as tf
 import keras
 import tfspmd
 
-from adapters import _keras_internal
-from adapters import _placement
-from adapters import tf_data
+from . import _keras_internal
+from . import _placement
+from . import tf_data
 
 
 def check_model(model):

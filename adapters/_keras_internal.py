@@ -1,4 +1,4 @@
-"""Every private Keras name `adapters` uses, in one place.
+"""Every private Keras name `tfspmd.adapters` uses, in one place.
 
 Keras 3 runs a model statelessly through public methods (`stateless_call`,
 `stateless_compute_loss`, a `Metric`'s variables in a `StatelessScope`), but
@@ -69,11 +69,11 @@ OPTIMIZER_ATTRIBUTES = ("_trainable_variables", "_learning_rate")
 def unsupported_keras_error(missing_names):
   """The error for private Keras names the installed Keras does not have."""
   return ImportError(
-      f"adapters' Keras training needs private Keras names that the "
+      f"tfspmd.adapters' Keras training needs private Keras names that the "
       f"installed Keras {keras.__version__} does not have (moved or removed): "
-      f"{', '.join(missing_names)}. adapters is tested with Keras "
+      f"{', '.join(missing_names)}. tfspmd.adapters is tested with Keras "
       f"{', '.join(TESTED_KERAS_VERSIONS)}: install one of those, or adapt "
-      f"adapters/_keras_internal.py to this version.")
+      f"tfspmd.adapters._keras_internal to this version.")
 
 
 def import_private_classes(private_classes=PRIVATE_CLASSES):

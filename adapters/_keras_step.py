@@ -12,7 +12,7 @@ import tensorflow as tf
 import keras
 from tfspmd import lax
 
-from adapters import _keras_internal
+from . import _keras_internal
 
 
 def compiled_loss(model, trainable, non_trainable, metrics, x, y,

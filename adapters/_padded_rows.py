@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tfspmd import lax
 
-from adapters import _keras_internal
+from . import _keras_internal
 
 
 def sample_weights_for_loss(sample_weight, rows, axis_name):

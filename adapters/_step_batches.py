@@ -3,8 +3,8 @@
 A global batch `(x, y[, sample_weight])` of the dataset becomes a dict
 batch with the keys 'x', 'y', 'sample_weight' and, when padded, 'rows'
 (present only where given), placed on the devices by
-`adapters.tf_data.device_batches`; with `steps_per_call=K` one item holds
-K steps, for `pmap(..., steps=K)` (each leaf shaped `(devices, K,
+`tfspmd.adapters.tf_data.device_batches`; with `steps_per_call=K` one item
+holds K steps, for `pmap(..., steps=K)` (each leaf shaped `(devices, K,
 per_device_batch, ...)`).
 """
 
@@ -13,7 +13,7 @@ import tensorflow as tf
 import keras
 import tfspmd
 
-from adapters import tf_data
+from . import tf_data
 
 
 def device_batches(dataset, num_devices, remainder, steps_per_call):
@@ -28,8 +28,8 @@ def device_batches(dataset, num_devices, remainder, steps_per_call):
     dataset: A `tf.data.Dataset` of global batches `(x, y[, sample_weight])`.
     num_devices: How many local devices the batches are split over.
     remainder: 'error' or 'pad', as `KerasTrainer.fit` takes it.
-    steps_per_call: As `adapters.tf_data.device_batches` takes it: None for
-      one batch per item, K for K steps per item.
+    steps_per_call: As `tfspmd.adapters.tf_data.device_batches` takes it:
+      None for one batch per item, K for K steps per item.
 
   Returns:
     A `tf_data.DeviceBatches` of the placed dict batches.

@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfspmd
-from adapters import _placement
+from . import _placement
 
 # Format 1 stored the leaves as a flat list, without their paths or layout.
 _FORMAT = 2
@@ -63,7 +63,7 @@ def save(path, state, **trackables):
 
   Example:
     >>> import os, tempfile, numpy as np, tfspmd
-    >>> from adapters import checkpoint
+    >>> from tfspmd.adapters import checkpoint
     >>> state = tfspmd.pmap(lambda x: x * 2)(np.arange(8.))
     >>> path = checkpoint.save(os.path.join(tempfile.mkdtemp(), 'ckpt'), state)
     >>> print(checkpoint.restore(path, like=state))
@@ -106,7 +106,7 @@ def restore(path, like, **trackables):
 
   Examples:
     >>> import os, tempfile, numpy as np, tensorflow as tf, tfspmd
-    >>> from adapters import checkpoint
+    >>> from tfspmd.adapters import checkpoint
     >>> step = tfspmd.pmap(lambda w, x: w + tfspmd.lax.psum(x, 'i'), 'i',
     ...                    in_axes=(None, 0), out_axes=None)
     >>> w = step(np.zeros(2, np.float32), np.ones((8, 2), np.float32))
@@ -269,15 +269,16 @@ def _saved_records(reader):
   if not reader.has_tensor(_LAYOUT_KEY):
     raise ValueError(
         "checkpoint.restore: the checkpoint holds no state written by "
-        "adapters.checkpoint.save with its leaves' paths (it was written by "
-        "tf.train.Checkpoint directly, or by an adapters.checkpoint before "
-        "leaves were saved by path). Restore it with the code that wrote "
-        "it, and save it again with checkpoint.save.")
+        "tfspmd.adapters.checkpoint.save with its leaves' paths (it was "
+        "written by tf.train.Checkpoint directly, or by a "
+        "tfspmd.adapters.checkpoint before leaves were saved by path). "
+        "Restore it with the code that wrote it, and save it again with "
+        "checkpoint.save.")
   layout = json.loads(reader.get_tensor(_LAYOUT_KEY))
   if layout["format"] != _FORMAT:
     raise ValueError(
         f"checkpoint.restore: the checkpoint's state has format "
-        f"{layout['format']}, this adapters.checkpoint reads format "
+        f"{layout['format']}, this tfspmd.adapters.checkpoint reads format "
         f"{_FORMAT}: restore it with the version that wrote it.")
   return layout["leaves"]
 

@@ -46,12 +46,12 @@ import keras
 import tfspmd
 from tfspmd import lax
 
-from adapters import _keras_inputs
-from adapters import _keras_internal
-from adapters import _keras_step
-from adapters import _padded_rows
-from adapters import _placement
-from adapters import _step_batches
+from . import _keras_inputs
+from . import _keras_internal
+from . import _keras_step
+from . import _padded_rows
+from . import _placement
+from . import _step_batches
 
 
 class KerasTrainer:
@@ -65,7 +65,7 @@ class KerasTrainer:
 
   Example:
     >>> import numpy as np, keras
-    >>> from adapters import keras_training
+    >>> from tfspmd.adapters import keras_training
     >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     >>> model.compile(optimizer="sgd", loss="mse")
     >>> trainer = keras_training.KerasTrainer(model)

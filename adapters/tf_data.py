@@ -21,7 +21,7 @@ import threading
 import tensorflow as tf
 
 import tfspmd
-from adapters import _placement
+from . import _placement
 
 _REMAINDER_POLICIES = ("error", "pad")
 
@@ -64,7 +64,7 @@ def device_batches(dataset, *, num_devices=None, steps_per_call=None,
 
   Example:
     >>> import numpy as np, tensorflow as tf
-    >>> from adapters import tf_data
+    >>> from tfspmd.adapters import tf_data
     >>> x = np.arange(32.).reshape(16, 2)
     >>> dataset = tf.data.Dataset.from_tensor_slices(x).batch(8)
     >>> batches = list(tf_data.device_batches(dataset, num_devices=4))
@@ -248,7 +248,7 @@ def pad_rows(element, multiple):
 
   Example:
     >>> import tensorflow as tf
-    >>> from adapters import tf_data
+    >>> from tfspmd.adapters import tf_data
     >>> padded, rows = tf_data.pad_rows({"x": tf.ones([3, 2])}, 4)
     >>> padded["x"].shape.as_list(), rows.numpy().tolist()
     ([4, 2], [1.0, 1.0, 1.0, 0.0])
@@ -303,7 +303,7 @@ def named_leaves(structure, root):
   """The leaves of a nested structure with Python-style paths from `root`.
 
   Example:
-    >>> from adapters import tf_data
+    >>> from tfspmd.adapters import tf_data
     >>> [path for path, _ in tf_data.named_leaves({"a": (1, 2)}, "x")]
     ["x['a'][0]", "x['a'][1]"]
   """
@@ -348,7 +348,7 @@ def _background(items, buffer_size):
       _put(buffer, (done, e), stop)
 
   thread = threading.Thread(target=produce, daemon=True,
-                            name="adapters.tf_data placement")
+                            name="tfspmd.adapters.tf_data placement")
   thread.start()
   try:
     while True:

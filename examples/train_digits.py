@@ -2,10 +2,11 @@
 
 The data is scikit-learn's handwritten digits (1,797 8x8 images, shipped
 inside the package: nothing is downloaded). The model is a plain Keras MLP,
-compiled as usual; `adapters.keras_training.KerasTrainer` trains it through
-`tfspmd.pmap`, each global batch split over the devices by
-`adapters.tf_data`. The same model from the same weights is then trained by
-Keras' own `model.fit` on one device, and the last line compares the two.
+compiled as usual; `tfspmd.adapters.keras_training.KerasTrainer` trains it
+through `tfspmd.pmap`, each global batch split over the devices by
+`tfspmd.adapters.tf_data`. The same model from the same weights is then
+trained by Keras' own `model.fit` on one device, and the last line compares
+the two.
 
 Run: python examples/train_digits.py [--epochs N] [--out PATH]
 (8 logical CPU devices unless TFSPMD_NUM_CPU_DEVICES says otherwise.)
@@ -24,7 +25,7 @@ import tensorflow as tf
 
 import keras
 import tfspmd
-from adapters import keras_training
+from tfspmd.adapters import keras_training
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 GLOBAL_BATCH = 96
@@ -101,7 +102,8 @@ def run(epochs, out, verbose=1):
   print(f"{len(x)} training and {len(x_test)} test digits; global batch "
         f"{GLOBAL_BATCH} = {devices} devices x {GLOBAL_BATCH // devices}")
 
-  print(f"\n# data-parallel on {devices} devices (adapters.keras_training)")
+  print(f"\n# data-parallel on {devices} devices "
+        f"(tfspmd.adapters.keras_training)")
   model = make_model(weights)
   trainer = keras_training.KerasTrainer(model)
   start = time.perf_counter()

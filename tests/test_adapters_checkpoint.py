@@ -1,4 +1,4 @@
-"""adapters.checkpoint: pmap training state through tf.train.Checkpoint.
+"""tfspmd.adapters.checkpoint: pmap training state through tf.train.Checkpoint.
 
 A run resumed from a checkpoint must continue with bit-identical numbers to
 the run that was never interrupted. A state restored onto other devices
@@ -17,9 +17,9 @@ import tensorflow as tf
 
 import keras
 import tfspmd
-from adapters import checkpoint
-from adapters import keras_training
 from tfspmd import lax
+from tfspmd.adapters import checkpoint
+from tfspmd.adapters import keras_training
 
 
 def per_device_step():

@@ -1,4 +1,4 @@
-"""adapters.keras_training: an unchanged Keras model trained on 8 devices.
+"""tfspmd.adapters.keras_training: an unchanged Keras model trained on 8 devices.
 
 The reference is Keras itself: the same model, from the same initial
 weights, trained by `model.fit` on one device with the same data in the same
@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import keras
-from adapters import keras_training
+from tfspmd.adapters import keras_training
 
 FEATURES, CLASSES, EXAMPLES, BATCH = 6, 3, 192, 32
 

@@ -1,4 +1,4 @@
-"""adapters.tf_data: global batches become per-device batches on the devices."""
+"""tfspmd.adapters.tf_data: global batches become per-device batches on the devices."""
 
 import threading
 
@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tfspmd
-from adapters import tf_data
+from tfspmd.adapters import tf_data
 
 
 def global_batches(size, batch, features=3):
@@ -154,7 +154,7 @@ def test_next_batches_are_placed_ahead_in_a_thread():
   items = iter(tf_data.device_batches(dataset, buffer_size=3))
   next(items)
   threads = [t.name for t in threading.enumerate()]
-  assert "adapters.tf_data placement" in threads
+  assert "tfspmd.adapters.tf_data placement" in threads
   assert len(list(items)) == 7
 
 
@@ -163,7 +163,7 @@ def test_abandoning_the_iteration_stops_its_thread():
   items = iter(tf_data.device_batches(dataset, buffer_size=1))
   next(items)
   items.close()
-  assert "adapters.tf_data placement" not in [
+  assert "tfspmd.adapters.tf_data placement" not in [
       t.name for t in threading.enumerate()]
 
 

@@ -3,6 +3,8 @@
 The multi-process behaviour itself is in test_multiprocess.py.
 """
 
+import json
+
 import pytest
 import tensorflow as tf
 
@@ -83,6 +85,54 @@ def test_incomplete_or_inconsistent_clusters_are_errors(kwargs, environ,
                                                         message):
   with pytest.raises(ValueError, match=message):
     cluster.resolve(environ=environ, **kwargs)
+
+
+def _tf_config(task_type, index, **jobs):
+  return {"TF_CONFIG": json.dumps(
+      {"cluster": jobs, "task": {"type": task_type, "index": index}})}
+
+
+@pytest.mark.parametrize("task_type, index, process_id", [
+    ("chief", 0, 0), ("worker", 0, 1), ("worker", 1, 2)])
+def test_tf_config_lists_the_chief_then_the_workers(task_type, index,
+                                                    process_id):
+  found = cluster.resolve(environ=_tf_config(
+      task_type, index, worker=["w0:2222", "w1:2222"], chief=["c0:2222"],
+      ps=["p0:2222"], evaluator=["e0:2222"]))
+  assert found.addresses == ("c0:2222", "w0:2222", "w1:2222")
+  assert (found.process_id, found.source) == (process_id, "TF_CONFIG")
+
+
+def test_tf_config_without_a_chief_numbers_the_workers():
+  found = cluster.resolve(environ=_tf_config("worker", 1, worker=TWO))
+  assert (found.addresses, found.process_id) == (tuple(TWO), 1)
+
+
+def test_tf_config_of_one_task_is_one_process():
+  found = cluster.resolve(environ=_tf_config("chief", 0, chief=["c0:2222"]))
+  assert (found.num_processes, found.process_id) == (1, 0)
+
+
+def test_tf_config_is_read_before_a_launchers_variables():
+  environ = dict(_tf_config("worker", 0, worker=TWO), SLURM_PROCID="1",
+                 SLURM_NTASKS="4", SLURM_JOB_NODELIST="n1", SLURM_JOB_ID="7")
+  assert cluster.lists_addresses(environ)
+  assert not cluster.lists_addresses({"SLURM_PROCID": "1"})
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"TF_CONFIG": "{cluster: 1}"}, r"TF_CONFIG is not JSON"),
+    (_tf_config("evaluator", 0, worker=TWO, evaluator=["e0:1"]),
+     r"the processes that run a pmap together are the cluster's \"chief\" "
+     r"and \"worker\" tasks"),
+    (_tf_config("worker", 2, worker=TWO), r"task index 2 is out of range for "
+     r"its 'worker' job of 2 task"),
+    (_tf_config("worker", 0, worker="h0:1,h1:1"), r"'worker' job must be a "
+     r"list of 'host:port' strings"),
+])
+def test_bad_tf_config_is_an_error(environ, message):
+  with pytest.raises(ValueError, match=message):
+    cluster.resolve(environ=environ)
 
 
 def test_process_addresses_as_one_string_is_an_error():

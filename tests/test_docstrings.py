@@ -6,15 +6,16 @@ import pkgutil
 
 import pytest
 
-import adapters
 import tfspmd
+import tfspmd.adapters
 
 
 def _modules():
-  names = ["tfspmd", "tfspmd.distributed", "tfspmd.lax", "adapters"]
+  names = ["tfspmd", "tfspmd.distributed", "tfspmd.lax", "tfspmd.adapters"]
   for info in pkgutil.walk_packages(tfspmd.__path__, "tfspmd."):
     names.append(info.name)
-  for info in pkgutil.walk_packages(adapters.__path__, "adapters."):
+  for info in pkgutil.walk_packages(tfspmd.adapters.__path__,
+                                    "tfspmd.adapters."):
     names.append(info.name)
   return sorted(set(names))
 
@@ -37,10 +38,10 @@ def test_public_functions_have_examples():
 
 
 ADAPTERS_PUBLIC = [
-    "adapters.checkpoint.restore",
-    "adapters.checkpoint.save",
-    "adapters.keras_training.KerasTrainer",
-    "adapters.tf_data.device_batches",
+    "tfspmd.adapters.checkpoint.restore",
+    "tfspmd.adapters.checkpoint.save",
+    "tfspmd.adapters.keras_training.KerasTrainer",
+    "tfspmd.adapters.tf_data.device_batches",
 ]
 
 

@@ -9,6 +9,7 @@ import ctypes
 import os
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tfspmd
@@ -57,27 +58,55 @@ def test_no_multi_device_expansion_for_a_program_with_a_loop():
   assert _switches(steps) == (GATHER,)
 
 
-def test_switches_are_set_only_while_a_program_runs():
-  getenv = ctypes.CDLL(None).getenv  # what DTensor's C++ reads
+def _c_environment(name):
+  """The value of `name` in the C environment, which DTensor's C++ reads."""
+  getenv = ctypes.CDLL(None).getenv
   getenv.restype = ctypes.c_char_p
+  value = getenv(name.encode())
+  return None if value is None else value.decode()
 
-  def c_environment(name):
-    return getenv(name.encode()) is not None
 
-  assert not c_environment(MULTI) and not c_environment(GATHER)
+def test_switches_are_set_only_while_a_program_runs():
+  assert _c_environment(MULTI) is None and _c_environment(GATHER) is None
   with dtensor_settings.applied((MULTI, GATHER)):
-    assert c_environment(MULTI) and c_environment(GATHER)
+    assert _c_environment(MULTI) == "1" and _c_environment(GATHER) == "1"
     assert MULTI not in os.environ
-  assert not c_environment(MULTI) and not c_environment(GATHER)
+  assert _c_environment(MULTI) is None and _c_environment(GATHER) is None
 
 
 def test_a_switch_the_user_set_is_left_alone():
-  environ = {MULTI: "0", GATHER: "false"}
+  environ = {MULTI: "0", GATHER: "1"}
   user_set = dtensor_settings.user_settings(environ)
   assert user_set == {MULTI, GATHER}
-  # DTensor takes the gather switch as on whatever its value.
-  assert environ == {MULTI: "0"}
+  assert environ == {MULTI: "0", GATHER: "1"}
   devices = tfspmd.devices()
   assert dtensor_settings.for_program(devices, 1, 1, None, user_set) == ()
   assert dtensor_settings.for_program(devices, 1, 2, None, set()) == (GATHER,)
   assert dtensor_settings.for_program(devices, 2, 1, None, set()) == (MULTI,)
+
+
+def test_an_off_value_of_the_gather_switch_warns_and_stays():
+  environ = {GATHER: "false"}
+  with pytest.warns(UserWarning, match=r"whatever its value.*del os\.environ"):
+    assert dtensor_settings.user_settings(environ) == {GATHER}
+  assert environ == {GATHER: "false"}
+
+
+def test_a_switch_the_user_sets_after_import_stays_set(monkeypatch):
+  monkeypatch.setenv(MULTI, "1")
+  f = tfspmd.pmap(lambda v: v * 3)
+  np.testing.assert_array_equal(f(np.arange(8.)), np.arange(8.) * 3)
+  assert _switches(f) == (GATHER,)  # the user's switch is not tfspmd's
+  assert os.environ[MULTI] == "1" and _c_environment(MULTI) == "1"
+
+
+def test_a_switch_set_after_a_program_was_traced_stays_set(monkeypatch):
+  f = tfspmd.pmap(lambda v: v - 2)
+  np.testing.assert_array_equal(f(np.arange(8.)), np.arange(8.) - 2)
+  assert _switches(f) == (MULTI, GATHER)
+  monkeypatch.setenv(MULTI, "1")
+  np.testing.assert_array_equal(f(np.arange(8.)), np.arange(8.) - 2)
+  assert os.environ[MULTI] == "1" and _c_environment(MULTI) == "1"
+  monkeypatch.delenv(MULTI)
+  np.testing.assert_array_equal(f(np.arange(8.)), np.arange(8.) - 2)
+  assert _c_environment(MULTI) is None

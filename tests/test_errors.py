@@ -22,8 +22,8 @@ import pytest
 import tensorflow as tf
 
 import tfspmd
-from adapters import checkpoint
 from tfspmd import lax
+from tfspmd.adapters import checkpoint
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC_PATH = os.path.join(_ROOT, "docs", "errors.md")
@@ -1189,7 +1189,7 @@ def _():
 @case("checkpoint-not-from-save", CHECKPOINTS,
       "checkpoint.restore of a checkpoint not written by checkpoint.save",
       ValueError, r"the checkpoint holds no state written by "
-      r"adapters\.checkpoint\.save with its leaves' paths")
+      r"tfspmd\.adapters\.checkpoint\.save with its leaves' paths")
 def _():
   path = tf.train.Checkpoint(state=[tf.Variable(1.)]).write(
       os.path.join(tempfile.mkdtemp(), "ckpt"))
@@ -1218,8 +1218,8 @@ def _():
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import keras
-from adapters import keras_training
-from adapters import tf_data
+from tfspmd.adapters import keras_training
+from tfspmd.adapters import tf_data
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 

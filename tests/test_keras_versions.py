@@ -1,4 +1,4 @@
-"""adapters._keras_internal: a Keras that moved a private name is a clear error.
+"""tfspmd.adapters._keras_internal: a Keras that moved a private name is a clear error.
 
 The adapters accept any Keras that keeps the private names they use where the
 tested versions keep them (tests/keras_versions.sh reruns the adapters' tests
@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 
 import keras
-from adapters import _keras_internal
-from adapters import keras_training
 from keras.src.optimizers.base_optimizer import BaseOptimizer
+from tfspmd.adapters import _keras_internal
+from tfspmd.adapters import keras_training
 
 
 def expect_unsupported(*missing_names):
@@ -24,7 +24,7 @@ def expect_unsupported(*missing_names):
       ImportError,
       match=re.escape(
           f"the installed Keras {keras.__version__} does not have (moved or "
-          f"removed): {', '.join(missing_names)}. adapters is tested with "
+          f"removed): {', '.join(missing_names)}. tfspmd.adapters is tested with "
           f"Keras {', '.join(_keras_internal.TESTED_KERAS_VERSIONS)}"))
 
 

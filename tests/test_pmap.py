@@ -2,6 +2,9 @@
 
 import collections
 import functools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -298,3 +301,16 @@ def test_a_closed_over_tensor_reaches_every_device():
   np.testing.assert_array_equal(shifted, np.broadcast_to([[1., 2.], [3., 4.]],
                                                          (8, 2, 2)))
   np.testing.assert_array_equal(picked, np.arange(8) * 10)
+
+
+def test_a_zero_argument_pmap_prints_no_deprecation_warning():
+  program = ("import tfspmd\n"
+             "f = tfspmd.pmap(lambda: tfspmd.lax.axis_index('i'), 'i', "
+             "axis_size=4)\n"
+             "print(f())\n")
+  environ = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")
+  result = subprocess.run([sys.executable, "-c", program], env=environ,
+                          capture_output=True, text=True, check=True,
+                          timeout=120)
+  assert result.stdout.splitlines()[-1] == "[0 1 2 3]"
+  assert "deprecat" not in result.stderr.lower()

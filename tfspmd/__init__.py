@@ -9,10 +9,13 @@ collectives from `tfspmd.lax`:
 [0.         0.16666667 0.33333334 0.5       ]
 """
 
+from tfspmd._src import checkout_adapters as _checkout_adapters
 from tfspmd._src import devices as _devices
-from tfspmd._src import dtensor_settings as _dtensor_settings
 
-_dtensor_settings.record_user_settings()
+# The one version: pyproject.toml reads it from here.
+__version__ = "0.1.0"
+
+_checkout_adapters.install(__path__[0])
 _devices.configure_from_environment()
 
 # pylint: disable=g-import-not-at-top,useless-import-alias
@@ -37,8 +40,6 @@ from tfspmd._src.shard_map import shard_map as shard_map
 from tfspmd._src.sharded_array import Shard as Shard
 from tfspmd._src.sharded_array import ShardedArray as ShardedArray
 from tfspmd._src.vmap import vmap as vmap
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Device",

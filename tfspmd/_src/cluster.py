@@ -5,14 +5,17 @@ process order, and this process's index among them; process 0 runs the
 coordination service. They come, first found first, from the arguments of
 `tfspmd.distributed.initialize`, from DTensor's own variables
 (`DTENSOR_JOBS`, `DTENSOR_CLIENT_ID`, `DTENSOR_JOB_NAME`, checked against
-`DTENSOR_NUM_CLIENTS` if set), or from a Cloud TPU VM (`TPU_WORKER_HOSTNAMES`
-and `TPU_WORKER_ID`, else the VM's metadata server). Nothing found means one
-process.
+`DTENSOR_NUM_CLIENTS` if set), from `TF_CONFIG` (as the platforms that start
+TensorFlow jobs set it; `launchers.tf_config`), or from a Cloud TPU VM
+(`TPU_WORKER_HOSTNAMES` and `TPU_WORKER_ID`, else the VM's metadata server).
+Nothing found means one process.
 """
 
 import dataclasses
 import os
 import urllib.request
+
+from tfspmd._src import launchers
 
 JOBS_ENV = "DTENSOR_JOBS"
 CLIENT_ID_ENV = "DTENSOR_CLIENT_ID"
@@ -85,6 +88,8 @@ def resolve(coordinator_address=None, num_processes=None, process_id=None,
   environ = os.environ if environ is None else environ
   addresses, source = _addresses(coordinator_address, num_processes,
                                  process_addresses, on_tpu, environ)
+  if source == launchers.TF_CONFIG_ENV and process_id is None:
+    process_id = launchers.tf_config(environ)[1]
   if addresses is None:
     if coordinator_address is not None and num_processes is None:
       raise ValueError(
@@ -148,6 +153,9 @@ def _addresses(coordinator_address, num_processes, process_addresses, on_tpu,
     return addresses, "process_addresses"
   if environ.get(JOBS_ENV):
     return environ[JOBS_ENV].split(","), JOBS_ENV
+  configured = launchers.tf_config(environ)
+  if configured is not None:
+    return list(configured[0]), launchers.TF_CONFIG_ENV
   if on_tpu:
     hosts = _tpu_hostnames(environ)
     if hosts:
@@ -155,6 +163,15 @@ def _addresses(coordinator_address, num_processes, process_addresses, on_tpu,
               if coordinator_address else DEFAULT_TPU_PORT)
       return [f"{host}:{port}" for host in hosts], "the Cloud TPU VM"
   return None, None
+
+
+def lists_addresses(environ):
+  """Whether `environ` lists every process's address (DTENSOR_JOBS, TF_CONFIG).
+
+  Then no launcher's coordinator is needed to exchange them.
+  """
+  return (bool(environ.get(JOBS_ENV)) or
+          launchers.tf_config(environ) is not None)
 
 
 def process_id_of(process_id, count, source, on_tpu, environ):

@@ -79,7 +79,11 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
   (`rendezvous.py`); then each has every process's address, which DTensor
   needs. With no arguments, the cluster is read from the environment, first
   found first: DTensor's own `DTENSOR_JOBS` (`host:port` of every process,
-  process 0 first), `DTENSOR_CLIENT_ID` and `DTENSOR_JOB_NAME`; a SLURM job
+  process 0 first), `DTENSOR_CLIENT_ID` and `DTENSOR_JOB_NAME`; `TF_CONFIG`
+  as Vertex AI, Kubeflow and TensorFlow's cluster resolvers set it (every
+  "chief" then "worker" task's address, this process the one its "task"
+  names, as `tf.distribute.cluster_resolver.TFConfigClusterResolver` reads
+  it); a SLURM job
   (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_STEP_NODELIST`, `SLURM_JOB_ID`);
   an Open MPI job (`OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`,
   `OMPI_MCA_orte_hnp_uri`); or on a Cloud TPU VM the slice's hosts
@@ -152,7 +156,8 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
     if coordinator_address is not None:
       cluster_lib.split_address(coordinator_address, "coordinator_address")
     platform = devices_lib.resolve_backend(backend)
-    if process_addresses is None and not os.environ.get(cluster_lib.JOBS_ENV):
+    if (process_addresses is None and
+        not cluster_lib.lists_addresses(os.environ)):
       if (coordinator_address is None and num_processes is None and
           process_id is None and platform != "tpu"):
         launched = launchers.detect(os.environ)

@@ -3,9 +3,14 @@
 DTensor reads a few tuning switches from the environment when it runs and
 lowers a function. tfspmd sets two of them, each only while one of its own
 programs is called and only for the programs where they measured faster
-and gave the same results on the whole test suite; a switch the user set
-in the environment before importing tfspmd is left as the user set it, for
-every program.
+and gave the same results on the whole test suite. A switch the user set
+in the environment (`os.environ`, before or after importing tfspmd) is the
+user's: tfspmd neither sets nor removes it, so `os.environ` and the C
+environment DTensor reads always agree on it, and the user's value wins
+for every program traced or run while it is set. Set the switches before
+the first pmap: a program first run under multi-device expansion hangs
+when run without it (below), so changing that one later may stop programs
+traced before.
 
 - `DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION`: DTensor expands the program into
   one function over all devices instead of one per device, which halves
@@ -31,13 +36,14 @@ every program.
   passes unsigned integers to a collective that refuses them, and it puts
   the blocks in device id order, so a pmap over `devices=` in another order
   gets them back in the wrong places (TF 2.21).
-  DTensor takes the variable as set whatever its value, so a user's "0" or
-  "false" is honoured by removing it.
+  DTensor takes the variable as set whatever its value: a user's "0" or
+  "false" turns it on, which a warning says (unset it to turn it off).
 """
 
 import contextlib
 import os
 import threading
+import warnings
 
 from tensorflow.core.framework import types_pb2
 
@@ -47,28 +53,27 @@ _OFF = ("0", "false", "no", "off", "")
 _WIDE_UNSIGNED = (types_pb2.DT_UINT32, types_pb2.DT_UINT64)
 _LOOP_OPS = ("While", "StatelessWhile")
 
-_user_set = set()
 _lock = threading.Lock()
 
 
-def record_user_settings():
-  """Notes which switches the user set, so tfspmd leaves them alone."""
-  _user_set.clear()
-  _user_set.update(user_settings(os.environ))
-
-
 def user_settings(environ):
-  """The switches set in `environ`; an "off" gather switch is removed.
+  """The switches set in `environ`, which tfspmd leaves as they are.
+
+  Warns where a value means "off" to a reader but "on" to DTensor.
 
   Example:
-    >>> environ = {COLLECTIVE_GATHER: "0"}
-    >>> user_settings(environ), environ
-    ({'LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2'}, {})
+    >>> sorted(user_settings({MULTI_DEVICE_EXPANSION: "1", "HOME": "/"}))
+    ['DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION']
   """
   found = {name for name in (MULTI_DEVICE_EXPANSION, COLLECTIVE_GATHER)
            if name in environ}
-  if environ.get(COLLECTIVE_GATHER, "1").strip().lower() in _OFF:
-    del environ[COLLECTIVE_GATHER]
+  value = environ.get(COLLECTIVE_GATHER)
+  if value is not None and value.strip().lower() in _OFF:
+    warnings.warn(
+        f"{COLLECTIVE_GATHER}={value!r} is set: DTensor turns this switch on "
+        f"whenever the variable is set, whatever its value, and tfspmd "
+        f"leaves your environment as you set it. To turn it off, remove it: "
+        f"del os.environ[{COLLECTIVE_GATHER!r}].", stacklevel=2)
   return found
 
 
@@ -82,7 +87,8 @@ def for_program(devices, mesh_rank, process_count, graph_def,
     process_count: How many processes run it.
     graph_def: Its `GraphDef` (with the function library), or None for a
       program without loops or wide unsigned integers.
-    user_set: The switches the user set (default: those found at import).
+    user_set: The switches the user set (default: those in `os.environ`
+      now).
 
   Example:
     >>> import tfspmd
@@ -94,7 +100,8 @@ def for_program(devices, mesh_rank, process_count, graph_def,
     >>> for_program(in_order[::-1], 1, 1, None, user_set=set())
     ('DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION',)
   """
-  user_set = _user_set if user_set is None else user_set
+  if user_set is None:
+    user_set = user_settings(os.environ)
   chosen = []
   if ({d.platform for d in devices} == {"cpu"} and process_count == 1 and
       not _has_loop(graph_def)):
@@ -141,17 +148,22 @@ def _has_wide_unsigned(graph_def):
 
 @contextlib.contextmanager
 def applied(names):
-  """Sets the switches `names` while the block runs (one block at a time)."""
+  """Sets the switches `names` while the block runs (one block at a time).
+
+  A switch the user has set since the program was traced is left as the
+  user set it.
+  """
   if not names:
     yield
     return
   # putenv, not os.environ: DTensor reads the C environment, and the user's
   # os.environ stays as the user left it.
   with _lock:
-    for name in names:
+    ours = [name for name in names if name not in os.environ]
+    for name in ours:
       os.putenv(name, "1")
     try:
       yield
     finally:
-      for name in names:
+      for name in ours:
         os.unsetenv(name)

@@ -1,11 +1,14 @@
-"""The cluster a launcher started this process in: SLURM or Open MPI.
+"""The cluster a launcher started this process in: SLURM, Open MPI, TF_CONFIG.
 
 As `jax.distributed.initialize()` with no arguments: under `srun` or
 `mpirun` every process finds the coordinator (the first host of the job,
 a port derived from the job id, so every process computes the same one),
 the number of processes and its own index in the launcher's variables.
+Platforms that start TensorFlow jobs (Vertex AI, Kubeflow's TFJob) set
+`TF_CONFIG` instead, which lists every process's address.
 """
 
+import json
 import re
 
 from absl import logging
@@ -91,3 +94,77 @@ def _open_mpi(environ):
   job_id, host = match.groups()
   return (f"{host}:{_port(job_id)}", int(environ["OMPI_COMM_WORLD_SIZE"]),
           int(environ["OMPI_COMM_WORLD_RANK"]), "Open MPI")
+
+
+TF_CONFIG_ENV = "TF_CONFIG"
+# The jobs whose tasks run the program together, in process order, as
+# tf.distribute's multi-worker strategies number them (the chief first).
+_TF_CONFIG_JOBS = ("chief", "worker")
+
+
+def tf_config(environ):
+  """`(addresses, process_id)` from `TF_CONFIG`, or None where it is not set.
+
+  As `tf.distribute.cluster_resolver.TFConfigClusterResolver` reads it: the
+  processes are the cluster's "chief" task, if any, then its "worker" tasks,
+  and this process is the one `task` names. Other jobs ("ps", "evaluator")
+  do not run the program with them.
+
+  Example:
+    >>> tf_config({"TF_CONFIG": '{"cluster": {"worker": ["w0:2222", '
+    ...            '"w1:2222"], "chief": ["c:2222"]}, '
+    ...            '"task": {"type": "worker", "index": 1}}'})
+    (('c:2222', 'w0:2222', 'w1:2222'), 2)
+    >>> tf_config({}) is None
+    True
+  """
+  text = environ.get(TF_CONFIG_ENV, "").strip()
+  if not text:
+    return None
+  try:
+    config = json.loads(text)
+  except ValueError as e:
+    raise ValueError(
+        f"tfspmd.distributed.initialize: {TF_CONFIG_ENV} is not JSON ({e}): "
+        f"it must be like {{\"cluster\": {{\"worker\": [\"host:port\", "
+        f"...]}}, \"task\": {{\"type\": \"worker\", \"index\": 0}}}}."
+    ) from None
+  cluster = config.get("cluster", {}) if isinstance(config, dict) else None
+  if not isinstance(cluster, dict):
+    raise ValueError(
+        f"tfspmd.distributed.initialize: {TF_CONFIG_ENV} must be a JSON "
+        f"object with a \"cluster\" object, got {text!r}.")
+  addresses = []
+  for job in _TF_CONFIG_JOBS:
+    tasks = cluster.get(job, [])
+    if isinstance(tasks, dict):  # {"0": "host:port", ...}, as TF accepts
+      tasks = [tasks[k] for k in sorted(tasks, key=int)]
+    if not isinstance(tasks, list):
+      raise ValueError(
+          f"tfspmd.distributed.initialize: {TF_CONFIG_ENV}'s {job!r} job "
+          f"must be a list of 'host:port' strings, got {tasks!r}.")
+    addresses.extend(tasks)
+  if not addresses:
+    return None
+  task = config.get("task") or {}
+  kind, index = task.get("type"), task.get("index", 0)
+  if kind not in _TF_CONFIG_JOBS:
+    raise ValueError(
+        f"tfspmd.distributed.initialize: {TF_CONFIG_ENV}'s task is "
+        f"{task!r}, but the processes that run a pmap together are the "
+        f"cluster's \"chief\" and \"worker\" tasks: give this process "
+        f"\"task\": {{\"type\": \"worker\" (or \"chief\"), \"index\": ...}}, "
+        f"or do not call tfspmd.distributed.initialize in it.")
+  jobs = [len(cluster.get(job, [])) for job in _TF_CONFIG_JOBS]
+  if isinstance(index, bool) or not isinstance(index, int) or not (
+      0 <= index < jobs[_TF_CONFIG_JOBS.index(kind)]):
+    raise ValueError(
+        f"tfspmd.distributed.initialize: {TF_CONFIG_ENV}'s task index "
+        f"{index!r} is out of range for its {kind!r} job of "
+        f"{jobs[_TF_CONFIG_JOBS.index(kind)]} task(s).")
+  process_id = index + (jobs[0] if kind == "worker" else 0)
+  if TF_CONFIG_ENV not in _logged:
+    _logged.add(TF_CONFIG_ENV)
+    logging.info("tfspmd.distributed: %s: %d processes, this is process %d.",
+                 TF_CONFIG_ENV, len(addresses), process_id)
+  return tuple(addresses), process_id

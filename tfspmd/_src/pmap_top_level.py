@@ -69,7 +69,7 @@ def run(program, values, axis_name):
       if placed:
         outputs = program.function(*placed)
       else:
-        with dtensor.run_on(program.mesh):
+        with dtensor.default_mesh(program.mesh):
           outputs = program.function()
       if program.may_fail:
         tf_internal.wait_for_pending_ops()
