@@ -1470,12 +1470,14 @@ PLACEHOLDERS = [
     (PROCESSES, "initialize() twice", "RuntimeError: tfspmd.distributed."
      "initialize() was already called in this process (process 1 of 2); call "
      "it once."),
-    (OUTPUTS, "a plain tensor passed to your tf.function that calls a pmap",
-     "TensorFlow's InvalidArgumentError \"No OpKernel was registered to "
-     "support Op 'Relayout'\" when the tf.function runs: it traces a tensor "
-     "and a DTensor alike, so tfspmd cannot tell them apart while tracing. "
-     "Pass the pmap's result (a ShardedArray) or its `.dtensor_value` "
-     "(README, inside your own tf.function)"),
+    (PROCESSES, "a plain tensor passed to your tf.function that calls a "
+     "pmap, with several processes", "TensorFlow's InvalidArgumentError "
+     "\"No OpKernel was registered to support Op 'Relayout'\" when the "
+     "tf.function runs: it traces a tensor and a DTensor alike, so tfspmd "
+     "cannot tell them apart while tracing, and one device holds only this "
+     "process's part. Pass the pmap's result (a ShardedArray) or its "
+     "`.dtensor_value` (README, inside your own tf.function); in one process "
+     "plain tensors run on one device"),
     (PROCESSES, "DTENSOR_JOBS names several processes but initialize() was "
      "not called", "RuntimeError at the first device query: DTENSOR_JOBS "
      "names 2 processes, but the multi-process runtime was not started: call "

@@ -1,14 +1,22 @@
-"""A pmap called while the user's own `tf.function` traces: one more call op.
+"""A pmap called while the user's own `tf.function` traces: its ops go there.
 
-The inputs must be DTensors on the program's mesh (arguments of the user's
-function that came from `ShardedArray.dtensor_value` or from another call).
 The program's ops go into the user's graph as they are (a nested
 jit-compiled DTensor function mis-expands collectives: "SPMD expansion
-resulted in op output inconsistent with the provided layout", TF 2.21), and
-the outputs are left as DTensors for the rest of the user's function.
+resulted in op output inconsistent with the provided layout", TF 2.21).
+`tf.function` traces a tensor and a DTensor alike, so in one process the
+program has no DTensor op (no relayout): each collective is a reduction or
+a reshuffle over the mapped axis of the stacked values, a correct program
+on one device for plain tensors, which DTensor splits over the devices of
+DTensor inputs as their layouts say (the user's own mesh included). A
+SavedModel of such a function needs only TensorFlow to serve.
+
+With several processes each passes only its part of a plain array, which
+one device could not reduce over the others: there the program keeps its
+relayouts onto the mesh of every process's devices, and takes DTensors.
 """
 
 from tfspmd._src import arguments
+from tfspmd._src import devices
 from tfspmd._src import pmap_trace
 from tfspmd._src.sharded_array import ShardedArray
 
@@ -32,8 +40,9 @@ def call(options, programs, args, kwargs):
                     for v, axis, path in zip(values, bound.in_axes,
                                              bound.paths))
   key = (bound.treedef, bound.static_key, signature)
-  program = pmap_trace.cached_program(options, programs, key, bound, values,
-                                      lays_out=False)
+  program = pmap_trace.cached_program(
+      options, programs, key, bound, values, in_user_graph=True,
+      lays_out=devices.process_count() > 1)
   outputs = program.inline(*values)
   return program.output_treedef.unflatten(list(outputs))
 

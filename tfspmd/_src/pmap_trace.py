@@ -77,7 +77,8 @@ def placement_for(mesh_key, spec):
   return placement_lib.Placement(mesh_key, spec)
 
 
-def cached_program(options, programs, key, call, values, lays_out=True):
+def cached_program(options, programs, key, call, values, in_user_graph=False,
+                   lays_out=True):
   """The `Program` of the call signature `key`, traced if not in `programs`.
 
   Args:
@@ -87,20 +88,22 @@ def cached_program(options, programs, key, call, values, lays_out=True):
       this process's shapes.
     call: The bound call (`mapped_args`).
     values: The input leaves (their dtypes are read).
+    in_user_graph: Whether the program is for a user's graph (`inline`).
     lays_out: Whether the program places its values on the mesh
       (`axis_env.TraceState.lays_out`).
   """
-  cache_key = key if lays_out else ("without layouts",) + key
+  cache_key = (in_user_graph, lays_out) + key
   program = programs.get(cache_key)
   if (program is None or
       program.device_generation != dtensor_device.generation()):
     program = _trace(options, call, [shape for shape, _ in key[2]],
-                     [value.dtype for value in values], lays_out)
+                     [value.dtype for value in values], in_user_graph,
+                     lays_out)
     programs.put(cache_key, program)
   return program
 
 
-def _trace(options, call, shapes, dtypes, lays_out):
+def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
   paths = call.paths
   axes, size = options.args.axes_and_size(call.in_axes, shapes, paths)
   devices = options.mesh_devices(size)
@@ -185,7 +188,7 @@ def _trace(options, call, shapes, dtypes, lays_out):
   # it closes over may be the user's graph tensors, which DTensor cannot
   # place from here.
   function = None
-  if lays_out:
+  if not in_user_graph:
     function = tf_internal.flat_caller(
         concrete, [_on_mesh(value, mesh) for value in concrete.captured_inputs])
   return Program(
