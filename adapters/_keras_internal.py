@@ -126,8 +126,8 @@ def check_instance_attributes(model):
   missing = [f"{owner_name}.{attribute}"
              for owner, owner_name, attributes in (
                  (model, "keras.Model", MODEL_ATTRIBUTES),
-                 (model.optimizer, "keras.optimizers.Optimizer",
-                  OPTIMIZER_ATTRIBUTES))
+                 (inner_optimizer(model.optimizer),
+                  "keras.optimizers.Optimizer", OPTIMIZER_ATTRIBUTES))
              for attribute in attributes if not hasattr(owner, attribute)]
   if missing:
     raise unsupported_keras_error(missing)
@@ -190,6 +190,18 @@ def forward_losses(model, losses):
     model._losses_override = []  # pylint: disable=protected-access
 
 
+def inner_optimizer(optimizer):
+  """The optimizer that updates the weights: a LossScaleOptimizer's inner one.
+
+  Keras wraps the compiled optimizer in a `LossScaleOptimizer` under a
+  `mixed_float16` policy; the wrapper keeps a learning rate of its own,
+  fixed at 0, and forwards `learning_rate` to the optimizer it wraps.
+  """
+  if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    return optimizer.inner_optimizer
+  return optimizer
+
+
 @contextlib.contextmanager
 def stateless_optimizer(optimizer):
   """Lets a TensorFlow-backend optimizer run `stateless_apply`.
@@ -197,8 +209,14 @@ def stateless_optimizer(optimizer):
   Inside, the optimizer has `BaseOptimizer`'s methods for the names above,
   and a `_var_key` that finds each model variable's slot by the key the
   optimizer was built with (the TensorFlow key reads `variable.value`,
-  which inside a StatelessScope is a tensor without one).
+  which inside a StatelessScope is a tensor without one). A
+  `LossScaleOptimizer` keeps its own `stateless_apply` (its `apply` goes
+  through `tf.distribute`); the optimizer it wraps gets the methods.
   """
+  if optimizer is not inner_optimizer(optimizer):
+    with stateless_optimizer(inner_optimizer(optimizer)):
+      yield optimizer
+    return
   original_key = optimizer._var_key  # pylint: disable=protected-access
   keys = {id(v): original_key(v)
           for v in optimizer._trainable_variables}  # pylint: disable=protected-access
@@ -221,7 +239,7 @@ def stateless_optimizer(optimizer):
 
 def learning_rate_variable(optimizer):
   """The optimizer's learning-rate variable; None for a schedule or callable."""
-  rate = optimizer._learning_rate  # pylint: disable=protected-access
+  rate = inner_optimizer(optimizer)._learning_rate  # pylint: disable=protected-access
   return rate if isinstance(rate, keras.Variable) else None
 
 
