@@ -47,7 +47,8 @@ _BASE_OPTIMIZER_METHODS = (
 # (module, class, the attributes this module reads or replaces on it).
 PRIVATE_CLASSES = (
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer",
-     ("train_step", "_symbolic_build")),
+     ("train_step", "test_step", "predict_step", "_symbolic_build",
+      "_flatten_metrics_in_order")),
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer",
      _BASE_OPTIMIZER_METHODS + ("_var_key",)),
     ("keras.src.trainers.compile_utils", "CompileMetrics", ("_flatten_y",)),
@@ -163,9 +164,23 @@ def build(model, data_spec):
   model._symbolic_build(data_batch=data_spec)  # pylint: disable=protected-access
 
 
-def overrides_train_step(model):
-  """True if the model's class replaces Keras' TensorFlow `train_step`."""
-  return type(model).train_step is not TensorFlowTrainer.train_step
+def overrides_step(model, step):
+  """True if the model's class replaces Keras' TensorFlow `step` method.
+
+  Args:
+    model: A Keras model.
+    step: 'train_step', 'test_step' or 'predict_step'.
+  """
+  return getattr(type(model), step) is not getattr(TensorFlowTrainer, step)
+
+
+def metrics_in_order(model, logs):
+  """`model.evaluate`'s result without return_dict: a list, or one value.
+
+  The loss, then the compiled metrics in their order, then any other logs
+  by name; a single value alone.
+  """
+  return model._flatten_metrics_in_order(logs)  # pylint: disable=protected-access
 
 
 def call_has_training_arg(model):
