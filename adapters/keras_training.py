@@ -26,7 +26,16 @@
   padded with rows that count nowhere: the real rows' sample weights are
   scaled so that the loss and gradients are those of the unpadded batch,
   the metrics weigh padding rows 0, and BatchNormalization leaves them out
-  of its batch statistics.
+  of its batch statistics;
+- validation (`validation_data`, `validation_split`, `validation_freq`),
+  `class_weight` and `shuffle` are `model.fit`'s: 'val_<name>' logs come
+  from the trained model on the validation batches at the end of the epoch,
+  before the callbacks' `on_epoch_end`;
+- `evaluate` returns what `model.evaluate` returns, and `predict` runs the
+  forward pass split over the devices, returning `model.predict`'s arrays;
+- under a `mixed_float16` policy the `LossScaleOptimizer` Keras wraps the
+  optimizer in scales the loss and skips steps whose gradients overflow, as
+  in `fit`; `mixed_bfloat16` needs no scaling.
 
 With the default loss reduction (the mean over the batch), the mean of the
 devices' gradients is the gradient of the global batch, so the training is
@@ -57,6 +66,15 @@ from adapters import _step_batches
 class KerasTrainer:
   """Trains a compiled Keras model data-parallel over the local devices.
 
+  `fit`, `evaluate` and `predict` take the arguments of `model.fit`,
+  `model.evaluate` and `model.predict` that make sense for data on several
+  devices, and give their results. Keras' own steps are run, statelessly on
+  each device: a model that overrides `train_step` is refused when the
+  trainer is made, and one that overrides `test_step` (or `predict_step`)
+  by `evaluate` and by `fit` with validation data (by `predict`). Put such
+  logic in `call`, `compute_loss` or `compute_metrics`, or run the model's
+  own `fit` on one device.
+
   Attributes:
     model: The Keras model; its variables hold the trained values after each
       epoch of `fit`.
@@ -70,9 +88,14 @@ class KerasTrainer:
     >>> model.compile(optimizer="sgd", loss="mse")
     >>> trainer = keras_training.KerasTrainer(model)
     >>> x, y = np.ones((64, 3), np.float32), np.ones((64, 1), np.float32)
-    >>> history = trainer.fit(x, y, batch_size=32, epochs=2, verbose=0)
-    >>> sorted(history.history), len(history.history["loss"])
-    (['loss'], 2)
+    >>> history = trainer.fit(x, y, batch_size=32, epochs=2, verbose=0,
+    ...                       validation_split=0.25, shuffle=True)
+    >>> sorted(history.history), len(history.history["val_loss"])
+    (['loss', 'val_loss'], 2)
+    >>> trainer.predict(x[:20], batch_size=8).shape
+    (20, 1)
+    >>> isinstance(trainer.evaluate(x, y, batch_size=32), float)
+    True
   """
 
   def __init__(self, model, *, num_devices=None, axis_name="data"):
