@@ -41,13 +41,32 @@ def check_model(model):
         f"optimizer; call model.compile(optimizer=..., loss=..., "
         f"metrics=...) first, as for model.fit.")
   _keras_internal.check_instance_attributes(model)
-  if _keras_internal.overrides_train_step(model):
+  if _keras_internal.overrides_step(model, "train_step"):
     raise ValueError(
         f"KerasTrainer: {type(model).__name__} overrides train_step, which "
         f"cannot run statelessly on several devices: KerasTrainer runs "
         f"Keras' own stateless step (stateless_call, compute_loss, "
         f"optimizer.stateless_apply). Move the custom logic into call() or "
         f"compute_loss(), or train with model.fit on one device.")
+
+
+def check_step_override(model, step, method):
+  """Raises if `model` replaces a Keras step that `KerasTrainer` stands in for.
+
+  Args:
+    model: The compiled Keras model.
+    step: 'test_step' or 'predict_step'.
+    method: The trainer's method that would run it ('evaluate', 'fit' with
+      validation data, 'predict').
+  """
+  if _keras_internal.overrides_step(model, step):
+    keras_method = "predict" if step == "predict_step" else "evaluate"
+    raise ValueError(
+        f"KerasTrainer.{method}: {type(model).__name__} overrides {step}, "
+        f"which KerasTrainer does not run: it runs Keras' own stateless "
+        f"{keras_method} step on each device. Move the custom logic into "
+        f"call(), compute_loss() or compute_metrics(), or run "
+        f"model.{keras_method} on one device.")
 
 
 def check_fit_arguments(epochs, initial_epoch, steps_per_epoch, verbose,
@@ -82,6 +101,69 @@ def check_fit_arguments(epochs, initial_epoch, steps_per_epoch, verbose,
           f"does not work with a Keras 3 model).")
 
 
+def check_validation_arguments(validation_split, validation_data,
+                               validation_freq):
+  """Raises, naming the argument, for validation arguments fit cannot use."""
+  if validation_split != 0 and (
+      isinstance(validation_split, bool)
+      or not isinstance(validation_split, (int, float, np.floating))
+      or not 0 < validation_split < 1):
+    raise ValueError(
+        f"KerasTrainer.fit: `validation_split` must be a float between 0 and "
+        f"1 (the fraction of the arrays' last rows to validate on), got "
+        f"{validation_split!r}.")
+  if validation_data is not None and not isinstance(
+      validation_data, tf.data.Dataset) and not (
+          isinstance(validation_data, (tuple, list))
+          and len(validation_data) in (2, 3)):
+    given = (f"a {type(validation_data).__name__} of {len(validation_data)}"
+             if isinstance(validation_data, (tuple, list))
+             else f"a {type(validation_data).__name__}")
+    raise ValueError(
+        f"KerasTrainer.fit: `validation_data` must be a tuple (x, y) or (x, "
+        f"y, sample_weight) of arrays, or a tf.data.Dataset of global "
+        f"batches; got {given}.")
+  frequencies = (validation_freq if isinstance(validation_freq, (list, tuple))
+                 else [validation_freq])
+  if not frequencies or not all(_is_int(f) and f >= 1 for f in frequencies):
+    raise ValueError(
+        f"KerasTrainer.fit: `validation_freq` must be an int >= 1 (validate "
+        f"every that many epochs) or a list of epochs (counted from 1), got "
+        f"{validation_freq!r}.")
+
+
+def split_validation(x, y, sample_weight, validation_split):
+  """The arrays' first rows to train on and last rows to validate on.
+
+  As `model.fit(validation_split=...)`: the last `validation_split` of the
+  rows (rounded so that `floor(rows * (1 - validation_split))` train),
+  taken before any shuffling.
+
+  Returns:
+    `((x, y, sample_weight), validation_data)`, the validation data a
+    tuple `(x, y, sample_weight)`.
+  """
+  if isinstance(x, tf.data.Dataset):
+    raise ValueError(
+        "KerasTrainer.fit: `validation_split` splits in-memory arrays; with a "
+        "tf.data.Dataset give `validation_data` (e.g. dataset.skip / "
+        "dataset.take of the batches).")
+  rows = _length("x", x, "fit")
+  split_at = int(np.floor(rows * (1.0 - validation_split)))
+  if split_at in (0, rows):
+    raise ValueError(
+        f"KerasTrainer.fit: validation_split={validation_split} of {rows} "
+        f"rows leaves no rows to {'validate' if split_at else 'train'} on; "
+        f"give more rows or another validation_split.")
+
+  def part(start, end):
+    return tuple(None if value is None else tf.nest.map_structure(
+        lambda leaf: leaf[start:end], value)
+                 for value in (x, y, sample_weight))
+
+  return part(0, split_at), part(split_at, rows)
+
+
 def check_steps_per_epoch(steps_per_epoch, steps_per_call):
   """Raises unless each epoch of `steps_per_epoch` steps ends with a call."""
   if steps_per_epoch is not None and steps_per_epoch % steps_per_call:
@@ -91,14 +173,20 @@ def check_steps_per_epoch(steps_per_epoch, steps_per_call):
         f"that every epoch ends at the end of a call.")
 
 
-def global_batches(x, y, sample_weight, batch_size, remainder, model, method):
+def global_batches(x, y, sample_weight, batch_size, remainder, model, method,
+                   shuffle=False, class_weight=None):
   """The global batches of `fit` / `evaluate`, checked before any step.
 
   Args:
     x, y, sample_weight, batch_size, remainder: As `KerasTrainer.fit` takes
       them.
     model: The compiled model the batches are for.
-    method: 'fit' or 'evaluate', for the error messages.
+    method: 'fit', 'evaluate' or 'fit(validation_data)', for the error
+      messages.
+    shuffle: Whether arrays are reshuffled on every iteration of the
+      dataset (every epoch).
+    class_weight: None, or a dict from class index to the weight of the
+      rows of that class, which become the batches' sample weights.
 
   Returns:
     A `tf.data.Dataset` of global batches `(x, y[, sample_weight])`.
@@ -107,9 +195,40 @@ def global_batches(x, y, sample_weight, batch_size, remainder, model, method):
     raise ValueError(
         f"KerasTrainer.{method}: `remainder` must be 'error' or 'pad', got "
         f"{remainder!r}.")
-  dataset = _as_dataset(x, y, sample_weight, batch_size, method)
+  dataset = _as_dataset(x, y, sample_weight, batch_size, method, shuffle)
+  if class_weight is not None:
+    dataset = _with_class_weights(dataset, class_weight, method)
   _check_elements(dataset.element_spec, model, method)
   return dataset
+
+
+def prediction_inputs(x, batch_size):
+  """The global batches of inputs `KerasTrainer.predict` runs, as 1-tuples.
+
+  Args:
+    x: Arrays (or a structure of arrays) of inputs, batched here by
+      `batch_size` (32 if None, as `model.predict`), or a `tf.data.Dataset`
+      of global batches `x`, `(x,)`, `(x, y)` or `(x, y, sample_weight)`
+      (its `x` is taken).
+    batch_size: The global batch size, for arrays.
+
+  Returns:
+    A `tf.data.Dataset` of `(x,)`.
+  """
+  if isinstance(x, tf.data.Dataset):
+    if batch_size is not None:
+      raise ValueError(
+          "KerasTrainer.predict: with a tf.data.Dataset, give no "
+          "`batch_size`: the dataset's elements are the global batches.")
+    tf_data.check_element_spec(x.element_spec, "KerasTrainer.predict", "x")
+    return x.map(lambda *element: (keras.utils.unpack_x_y_sample_weight(
+        element[0] if len(element) == 1 else element)[0],))
+  if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
+    raise ValueError(
+        f"KerasTrainer.predict: `batch_size` must be an int >= 1, got "
+        f"{batch_size!r}.")
+  _length("x", x, "predict")
+  return tf.data.Dataset.from_tensor_slices((x,)).batch(batch_size or 32)
 
 
 def check_state(value, variables):
@@ -140,17 +259,25 @@ def _is_int(value):
   return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def _as_dataset(x, y, sample_weight, batch_size, method):
-  """`x` if it is a dataset of global batches, else arrays batched in order."""
+def _as_dataset(x, y, sample_weight, batch_size, method, shuffle):
+  """`x` if it is a dataset of global batches, else arrays batched.
+
+  Arrays are taken in order, or with `shuffle` in a new order on every
+  iteration (every epoch), as `model.fit(shuffle=True)` takes them.
+  """
   if isinstance(x, tf.data.Dataset):
     given = [name for name, value in (("y", y), ("batch_size", batch_size),
-                                      ("sample_weight", sample_weight))
+                                      ("sample_weight", sample_weight),
+                                      ("shuffle", shuffle or None))
              if value is not None]
     if given:
+      advice = ("; shuffle its rows in the pipeline (dataset.shuffle(n) "
+                "before dataset.batch)" if shuffle else "")
       raise ValueError(
           f"KerasTrainer.{method}: with a tf.data.Dataset, give no "
           f"{', '.join(f'`{name}`' for name in given)}: the dataset's "
-          f"elements are the global batches (x, y[, sample_weight]).")
+          f"elements are the global batches (x, y[, sample_weight])"
+          f"{advice}.")
     return x
   if batch_size is None:
     raise ValueError(
@@ -170,8 +297,54 @@ def _as_dataset(x, y, sample_weight, batch_size, method):
         f"KerasTrainer.{method}: the arrays have different numbers of "
         f"examples ({', '.join(f'{n}: {k}' for n, k in lengths.items())}); "
         f"they need one row per example.")
-  return tf.data.Dataset.from_tensor_slices(tuple(arrays.values())).batch(
-      batch_size)
+  dataset = tf.data.Dataset.from_tensor_slices(tuple(arrays.values()))
+  if shuffle:
+    dataset = dataset.shuffle(lengths["x"], reshuffle_each_iteration=True)
+  return dataset.batch(batch_size)
+
+
+def _with_class_weights(dataset, class_weight, method):
+  """`dataset` with each row weighted by its class, as `model.fit` weighs it.
+
+  The class of a row is its target (rounded) for targets of shape (batch,)
+  or (batch, 1), else the argmax of its one-hot target; a class not in
+  `class_weight` weighs 1.
+  """
+  caller = f"KerasTrainer.{method}"
+  if not isinstance(class_weight, dict) or not all(
+      _is_int(k) and k >= 0 and isinstance(w, (int, float, np.number))
+      and not isinstance(w, bool) for k, w in class_weight.items()):
+    raise TypeError(
+        f"{caller}: `class_weight` must be a dict from class index (an int "
+        f">= 0) to the weight of that class's rows, got {class_weight!r}.")
+  _, y, sample_weight = keras.utils.unpack_x_y_sample_weight(
+      dataset.element_spec)
+  if sample_weight is not None:
+    raise ValueError(
+        f"{caller}: give `class_weight` or sample weights, not both (as "
+        f"model.fit). Multiply each row's class weight into its sample "
+        f"weight yourself to weigh by both.")
+  if y is None or tf.nest.is_nested(y):
+    raise ValueError(
+        f"{caller}: `class_weight` weighs the rows by a single target `y`; "
+        f"these batches have {'none' if y is None else 'several'}. Give "
+        f"per-row sample weights instead.")
+  last = max(class_weight, default=-1) + 1
+  # One weight per class up to the largest given, then 1 for any other.
+  table = tf.constant([float(class_weight.get(c, 1.0)) for c in range(last)]
+                      + [1.0], tf.float32)
+
+  def weighted(*element):
+    x, y, _ = keras.utils.unpack_x_y_sample_weight(element)
+    if y.shape.rank >= 2 and y.shape[-1] != 1:
+      classes = tf.argmax(y, axis=-1, output_type=tf.int32)
+    else:
+      labels = tf.reshape(y, [-1]) if y.shape.rank >= 2 else y
+      classes = tf.cast(tf.round(tf.cast(labels, tf.float32)), tf.int32)
+    known = (classes >= 0) & (classes < last)
+    return x, y, tf.gather(table, tf.where(known, classes, last))
+
+  return dataset.map(weighted)
 
 
 def _length(name, value, method):

@@ -47,7 +47,8 @@ _BASE_OPTIMIZER_METHODS = (
 # (module, class, the attributes this module reads or replaces on it).
 PRIVATE_CLASSES = (
     ("keras.src.backend.tensorflow.trainer", "TensorFlowTrainer",
-     ("train_step", "_symbolic_build")),
+     ("train_step", "test_step", "predict_step", "_symbolic_build",
+      "_flatten_metrics_in_order")),
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer",
      _BASE_OPTIMIZER_METHODS + ("_var_key",)),
     ("keras.src.trainers.compile_utils", "CompileMetrics", ("_flatten_y",)),
@@ -126,8 +127,8 @@ def check_instance_attributes(model):
   missing = [f"{owner_name}.{attribute}"
              for owner, owner_name, attributes in (
                  (model, "keras.Model", MODEL_ATTRIBUTES),
-                 (model.optimizer, "keras.optimizers.Optimizer",
-                  OPTIMIZER_ATTRIBUTES))
+                 (inner_optimizer(model.optimizer),
+                  "keras.optimizers.Optimizer", OPTIMIZER_ATTRIBUTES))
              for attribute in attributes if not hasattr(owner, attribute)]
   if missing:
     raise unsupported_keras_error(missing)
@@ -163,9 +164,23 @@ def build(model, data_spec):
   model._symbolic_build(data_batch=data_spec)  # pylint: disable=protected-access
 
 
-def overrides_train_step(model):
-  """True if the model's class replaces Keras' TensorFlow `train_step`."""
-  return type(model).train_step is not TensorFlowTrainer.train_step
+def overrides_step(model, step):
+  """True if the model's class replaces Keras' TensorFlow `step` method.
+
+  Args:
+    model: A Keras model.
+    step: 'train_step', 'test_step' or 'predict_step'.
+  """
+  return getattr(type(model), step) is not getattr(TensorFlowTrainer, step)
+
+
+def metrics_in_order(model, logs):
+  """`model.evaluate`'s result without return_dict: a list, or one value.
+
+  The loss, then the compiled metrics in their order, then any other logs
+  by name; a single value alone.
+  """
+  return model._flatten_metrics_in_order(logs)  # pylint: disable=protected-access
 
 
 def call_has_training_arg(model):
@@ -190,6 +205,18 @@ def forward_losses(model, losses):
     model._losses_override = []  # pylint: disable=protected-access
 
 
+def inner_optimizer(optimizer):
+  """The optimizer that updates the weights: a LossScaleOptimizer's inner one.
+
+  Keras wraps the compiled optimizer in a `LossScaleOptimizer` under a
+  `mixed_float16` policy; the wrapper keeps a learning rate of its own,
+  fixed at 0, and forwards `learning_rate` to the optimizer it wraps.
+  """
+  if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    return optimizer.inner_optimizer
+  return optimizer
+
+
 @contextlib.contextmanager
 def stateless_optimizer(optimizer):
   """Lets a TensorFlow-backend optimizer run `stateless_apply`.
@@ -197,8 +224,14 @@ def stateless_optimizer(optimizer):
   Inside, the optimizer has `BaseOptimizer`'s methods for the names above,
   and a `_var_key` that finds each model variable's slot by the key the
   optimizer was built with (the TensorFlow key reads `variable.value`,
-  which inside a StatelessScope is a tensor without one).
+  which inside a StatelessScope is a tensor without one). A
+  `LossScaleOptimizer` keeps its own `stateless_apply` (its `apply` goes
+  through `tf.distribute`); the optimizer it wraps gets the methods.
   """
+  if optimizer is not inner_optimizer(optimizer):
+    with stateless_optimizer(inner_optimizer(optimizer)):
+      yield optimizer
+    return
   original_key = optimizer._var_key  # pylint: disable=protected-access
   keys = {id(v): original_key(v)
           for v in optimizer._trainable_variables}  # pylint: disable=protected-access
@@ -221,7 +254,7 @@ def stateless_optimizer(optimizer):
 
 def learning_rate_variable(optimizer):
   """The optimizer's learning-rate variable; None for a schedule or callable."""
-  rate = optimizer._learning_rate  # pylint: disable=protected-access
+  rate = inner_optimizer(optimizer)._learning_rate  # pylint: disable=protected-access
   return rate if isinstance(rate, keras.Variable) else None
 
 

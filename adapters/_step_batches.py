@@ -56,6 +56,30 @@ def device_batches(dataset, num_devices, remainder, steps_per_call):
       steps_per_call=steps_per_call)
 
 
+def prediction_batches(dataset, num_devices):
+  """Inputs `(x,)` as placed dict batches 'x' and 'rows', always padded.
+
+  Each batch is padded to a multiple of the devices of all processes; its
+  'rows' mask (1 for a row of the dataset, 0 for padding) tells which
+  predictions to keep.
+
+  Args:
+    dataset: A `tf.data.Dataset` of global batches `(x,)`.
+    num_devices: How many local devices the batches are split over.
+
+  Returns:
+    A `tf_data.DeviceBatches` of the placed dict batches.
+  """
+  multiple = num_devices * tfspmd.process_count()
+
+  def keyed(x):
+    batch, rows = tf_data.pad_rows({"x": x}, multiple)
+    batch["rows"] = rows
+    return batch
+
+  return tf_data.device_batches(dataset.map(keyed), num_devices=num_devices)
+
+
 def unpack(batch):
   """A step's dict batch as `(x, y, sample_weight, rows)`, None if absent."""
   return (batch["x"], batch.get("y"), batch.get("sample_weight"),

@@ -12,7 +12,7 @@
   and are read from it again before the next step, so what callbacks or the
   user assign (a learning rate, `set_weights`, `load_weights`, restored
   best weights) is what training and `evaluate` go on from;
-- each global batch is split over the devices (`adapters.tf_data`); each
+- each global batch is split over the devices (`tfspmd.adapters.tf_data`); each
   device runs Keras' functional step on its rows: `model.stateless_call`
   under a `tf.GradientTape`, the compiled loss (`stateless_compute_loss`),
   the gradients `pmean`-ed over the data axis, and the optimizer's
@@ -26,7 +26,16 @@
   padded with rows that count nowhere: the real rows' sample weights are
   scaled so that the loss and gradients are those of the unpadded batch,
   the metrics weigh padding rows 0, and BatchNormalization leaves them out
-  of its batch statistics.
+  of its batch statistics;
+- validation (`validation_data`, `validation_split`, `validation_freq`),
+  `class_weight` and `shuffle` are `model.fit`'s: 'val_<name>' logs come
+  from the trained model on the validation batches at the end of the epoch,
+  before the callbacks' `on_epoch_end`;
+- `evaluate` returns what `model.evaluate` returns, and `predict` runs the
+  forward pass split over the devices, returning `model.predict`'s arrays;
+- under a `mixed_float16` policy the `LossScaleOptimizer` Keras wraps the
+  optimizer in scales the loss and skips steps whose gradients overflow, as
+  in `fit`; `mixed_bfloat16` needs no scaling.
 
 With the default loss reduction (the mean over the batch), the mean of the
 devices' gradients is the gradient of the global batch, so the training is
@@ -57,6 +66,15 @@ from . import _step_batches
 class KerasTrainer:
   """Trains a compiled Keras model data-parallel over the local devices.
 
+  `fit`, `evaluate` and `predict` take the arguments of `model.fit`,
+  `model.evaluate` and `model.predict` that make sense for data on several
+  devices, and give their results. Keras' own steps are run, statelessly on
+  each device: a model that overrides `train_step` is refused when the
+  trainer is made, and one that overrides `test_step` (or `predict_step`)
+  by `evaluate` and by `fit` with validation data (by `predict`). Put such
+  logic in `call`, `compute_loss` or `compute_metrics`, or run the model's
+  own `fit` on one device.
+
   Attributes:
     model: The Keras model; its variables hold the trained values after each
       epoch of `fit`.
@@ -70,9 +88,14 @@ class KerasTrainer:
     >>> model.compile(optimizer="sgd", loss="mse")
     >>> trainer = keras_training.KerasTrainer(model)
     >>> x, y = np.ones((64, 3), np.float32), np.ones((64, 1), np.float32)
-    >>> history = trainer.fit(x, y, batch_size=32, epochs=2, verbose=0)
-    >>> sorted(history.history), len(history.history["loss"])
-    (['loss'], 2)
+    >>> history = trainer.fit(x, y, batch_size=32, epochs=2, verbose=0,
+    ...                       validation_split=0.25, shuffle=True)
+    >>> sorted(history.history), len(history.history["val_loss"])
+    (['loss', 'val_loss'], 2)
+    >>> trainer.predict(x[:20], batch_size=8).shape
+    (20, 1)
+    >>> isinstance(trainer.evaluate(x, y, batch_size=32), float)
+    True
   """
 
   def __init__(self, model, *, num_devices=None, axis_name="data"):
@@ -101,6 +124,7 @@ class KerasTrainer:
     self._reset_metrics = None
     self._train_calls = {}
     self._test_call = None
+    self._predict_call = None
 
   # --- state ---------------------------------------------------------------
   #
@@ -130,7 +154,7 @@ class KerasTrainer:
     `model.optimizer.variables` and `model.metrics_variables`, read from the
     model (from the devices while a `fit` epoch runs); None before the
     first batch builds the model. Assign a state of the same structure,
-    shapes and dtypes (e.g. from `adapters.checkpoint.restore`) to continue
+    shapes and dtypes (e.g. from `tfspmd.adapters.checkpoint.restore`) to continue
     from it: it is written into the model's variables.
     """
     if self._state is not None and not self._devices_ahead:
@@ -169,6 +193,7 @@ class KerasTrainer:
     self._variables = variables
     self._train_calls = {}
     self._test_call = None
+    self._predict_call = None
     self._devices_ahead = False
     self._pull()
     self._reset_metrics = self._state[3]
@@ -229,7 +254,9 @@ class KerasTrainer:
 
   def fit(self, x, y=None, *, batch_size=None, epochs=1, initial_epoch=0,
           steps_per_epoch=None, verbose="auto", callbacks=None,
-          sample_weight=None, remainder="error"):
+          validation_split=0.0, validation_data=None, shuffle=False,
+          class_weight=None, sample_weight=None, validation_batch_size=None,
+          validation_freq=1, remainder="error"):
     """Trains the model for `epochs` epochs, like `model.fit`.
 
     Args:
@@ -251,11 +278,30 @@ class KerasTrainer:
       callbacks: Keras callbacks. They see the model with the trained values
         at the end of each epoch, and what they assign to it (the learning
         rate, weights) is what training goes on from.
+      validation_split: For arrays: the fraction of the rows, the last
+        ones (before any shuffling), to validate on instead of training, as
+        in `model.fit`. Ignored when `validation_data` is given.
+      validation_data: Data to compute the loss and metrics on at the end
+        of the epochs `validation_freq` names, reported as 'val_loss' and
+        'val_<metric>' in the logs and history: a tuple `(x, y)` or `(x, y,
+        sample_weight)` of arrays, or a `tf.data.Dataset` of global batches.
+      shuffle: For arrays: True to take the rows in a new random order every
+        epoch (`model.fit`'s default; here the default is the given order).
+        Shuffle a dataset in its pipeline.
+      class_weight: A dict from class index to a weight that multiplies the
+        loss of the rows of that class, as in `model.fit` (for a single
+        target of class indices or one-hot rows; not with sample weights).
+        Validation rows are not weighted.
       sample_weight: Per-example weights, when `x` is an array.
-      remainder: 'error' or 'pad', for a global batch that does not divide
-        by the devices (see `adapters.tf_data.device_batches`). Padding rows
-        change nothing: they are left out of the loss, the gradients, the
-        metrics and BatchNormalization's statistics.
+      validation_batch_size: The global batch size of array validation
+        data; None for `batch_size`.
+      validation_freq: Validate every that many epochs (an int), or at the
+        end of the epochs of a list (counted from 1), as in `model.fit`.
+      remainder: 'error' or 'pad', for a global batch (of training or
+        validation data) that does not divide by the devices (see
+        `tfspmd.adapters.tf_data.device_batches`). Padding rows change nothing:
+        they are left out of the loss, the gradients, the metrics and
+        BatchNormalization's statistics.
 
     Returns:
       The `keras.callbacks.History` of the run (also `model.history`).
@@ -265,8 +311,20 @@ class KerasTrainer:
     """
     _keras_inputs.check_fit_arguments(epochs, initial_epoch, steps_per_epoch,
                                       verbose, callbacks)
-    dataset = _keras_inputs.global_batches(x, y, sample_weight, batch_size,
-                                           remainder, self.model, "fit")
+    _keras_inputs.check_validation_arguments(validation_split, validation_data,
+                                             validation_freq)
+    if validation_split and validation_data is None:
+      (x, y, sample_weight), validation_data = (
+          _keras_inputs.split_validation(x, y, sample_weight,
+                                         validation_split))
+    dataset = _keras_inputs.global_batches(
+        x, y, sample_weight, batch_size, remainder, self.model, "fit",
+        shuffle=shuffle, class_weight=class_weight)
+    validation = None
+    if validation_data is not None:
+      _keras_inputs.check_step_override(self.model, "test_step", "fit")
+      validation = self._validation_batches(
+          validation_data, validation_batch_size or batch_size, remainder)
     self.build(dataset)
     model = self.model
     steps_per_call = _step_batches.steps_per_execution(model)
@@ -285,9 +343,11 @@ class KerasTrainer:
     logs = {}
     try:
       for epoch in range(initial_epoch, epochs):
+        validate = validation if validation is not None and _validates_after(
+            epoch, validation_freq) else None
         logs = self._fit_epoch(
             epoch, batches if stream is None else _step_batches.take_steps(
-                stream, steps_per_epoch), callback_list) or logs
+                stream, steps_per_epoch), callback_list, validate) or logs
         if model.stop_training:
           break
     finally:
@@ -296,8 +356,25 @@ class KerasTrainer:
     callback_list.on_train_end(logs)
     return model.history
 
-  def _fit_epoch(self, epoch, batches, callback_list):
-    """One epoch of `fit`; returns its logs (empty if there was no batch)."""
+  def _validation_batches(self, validation_data, batch_size, remainder):
+    """The placed batches of `fit`'s `validation_data`."""
+    if isinstance(validation_data, tf.data.Dataset):
+      x, y, sample_weight, batch_size = validation_data, None, None, None
+    else:
+      x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(
+          tuple(validation_data))
+    dataset = _keras_inputs.global_batches(
+        x, y, sample_weight, batch_size, remainder, self.model,
+        "fit(validation_data)")
+    return _step_batches.device_batches(dataset, len(self.devices), remainder,
+                                        None)
+
+  def _fit_epoch(self, epoch, batches, callback_list, validation):
+    """One epoch of `fit`; returns its logs (empty if there was no batch).
+
+    With `validation` (placed batches), the epoch's logs get the loss and
+    metrics of the trained model on them, as 'val_<name>'.
+    """
     callback_list.on_epoch_begin(epoch)
     step = 0
     logs = {}
@@ -322,12 +399,16 @@ class KerasTrainer:
           "With steps_per_epoch, repeat the dataset (dataset.repeat()).",
           stacklevel=3)
       return logs
+    if validation is not None:
+      validation_logs = self._test_logs(validation, callback_list)
+      logs = {**logs, **{f"val_{name}": value
+                         for name, value in validation_logs.items()}}
     self.sync_to_model()
     callback_list.on_epoch_end(epoch, logs)
     return logs
 
   def evaluate(self, x, y=None, *, batch_size=None, sample_weight=None,
-               remainder="error"):
+               return_dict=False, remainder="error"):
     """The compiled loss and metrics of the model on some data.
 
     The model's current variables are used (those `fit` trained, or any the
@@ -335,14 +416,33 @@ class KerasTrainer:
 
     Args:
       x, y, batch_size, sample_weight: As for `fit`.
+      return_dict: True for a dict from name to value, as in
+        `model.evaluate`.
       remainder: As for `fit`.
 
     Returns:
-      A dict from metric name ('loss' and the compiled metrics) to a float.
+      What `model.evaluate` returns: the loss alone (a float) for a model
+      compiled without metrics, else a list of floats, the loss first and
+      then the compiled metrics in order; with `return_dict`, a dict from
+      metric name ('loss' and the compiled metrics) to a float.
     """
+    _keras_inputs.check_step_override(self.model, "test_step", "evaluate")
     dataset = _keras_inputs.global_batches(x, y, sample_weight, batch_size,
                                            remainder, self.model, "evaluate")
     self.build(dataset)
+    logs = self._test_logs(_step_batches.device_batches(
+        dataset, len(self.devices), remainder, None),
+                           keras.callbacks.CallbackList(model=self.model))
+    if return_dict:
+      return logs
+    return _keras_internal.metrics_in_order(self.model, logs)
+
+  def _test_logs(self, batches, callback_list):
+    """The compiled loss and metrics on placed batches, as floats by name.
+
+    The callbacks' `on_test_*` methods are called as `model.evaluate` calls
+    them.
+    """
     trainable, non_trainable = self._step_state()[:2]
     metrics = self._reset_metrics
     logs = {}
@@ -350,10 +450,58 @@ class KerasTrainer:
       self._test_call = tfspmd.pmap(
           self._test_step, self.axis_name, in_axes=(None, None, None, 0),
           out_axes=None)
-    for batch in _step_batches.device_batches(dataset, len(self.devices),
-                                              remainder, None):
+    callback_list.on_test_begin()
+    for step, batch in enumerate(batches):
+      callback_list.on_test_batch_begin(step)
       metrics, logs = self._test_call(trainable, non_trainable, metrics, batch)
-    return {name: float(np.asarray(value)) for name, value in logs.items()}
+      logs = {name: float(np.asarray(value)) for name, value in logs.items()}
+      callback_list.on_test_batch_end(step, logs)
+    callback_list.on_test_end(logs)
+    return logs
+
+  def predict(self, x, *, batch_size=None):
+    """The model's outputs on some inputs, like `model.predict`.
+
+    Each global batch is split over the devices, and each device runs the
+    model's forward pass (in inference mode) on its rows. A batch that does
+    not divide by the devices is padded, and the padding rows' outputs are
+    dropped. The model's current variables are used, as in `evaluate`.
+
+    Args:
+      x: The inputs as arrays (or a structure of arrays, for a model with
+        several inputs), or a `tf.data.Dataset` of global batches `x`
+        (or `(x, y[, sample_weight])`, whose `x` is taken).
+      batch_size: The global batch size, for arrays: 32 if None, as in
+        `model.predict`.
+
+    Returns:
+      What `model.predict` returns: a NumPy array with one row per input
+      row, in order, or the model's structure of them for a model with
+      several outputs.
+    """
+    _keras_inputs.check_step_override(self.model, "predict_step", "predict")
+    dataset = _keras_inputs.prediction_inputs(x, batch_size)
+    model = self.model
+    if not model.built:
+      _keras_internal.build(model, dataset.element_spec)
+    if self._state is not None and self._devices_ahead:
+      trainable, non_trainable = self._state[:2]
+    else:
+      trainable, non_trainable = (
+          [self._replicated(v) for v in variables]
+          for variables in (model.trainable_variables,
+                            model.non_trainable_variables))
+    if self._predict_call is None:
+      self._predict_call = tfspmd.pmap(
+          self._predict_step, self.axis_name, in_axes=(None, None, 0))
+    outputs = []
+    for batch in _step_batches.prediction_batches(dataset, len(self.devices)):
+      rows = np.asarray(batch["rows"]) > 0
+      outputs.append(tf.nest.map_structure(
+          lambda value, rows=rows: np.asarray(value)[rows],
+          self._predict_call(trainable, non_trainable, batch)))
+    return tf.nest.map_structure(lambda *parts: np.concatenate(parts),
+                                 *outputs)
 
   def _train_call(self, steps):
     call = self._train_calls.get(steps)
@@ -405,6 +553,15 @@ class KerasTrainer:
         rows)
     return (trainable, non_trainable, optimizer_values, metrics), logs
 
+  def _predict_step(self, trainable, non_trainable, batch):
+    """One device's predictions for its rows of a global batch."""
+    kwargs = {}
+    if _keras_internal.call_has_training_arg(self.model):
+      kwargs["training"] = False
+    y_pred, _ = self.model.stateless_call(trainable, non_trainable,
+                                          batch["x"], **kwargs)
+    return y_pred
+
   def _test_step(self, trainable, non_trainable, metrics, batch):
     """One device's evaluation step: the metrics updated by its rows."""
     x, y, sample_weight, rows = _step_batches.unpack(batch)
@@ -415,6 +572,13 @@ class KerasTrainer:
     return _keras_step.metrics_of_global_batch(
         self.model, self.axis_name, metrics, loss, x, y, y_pred,
         sample_weight, rows)
+
+
+def _validates_after(epoch, validation_freq):
+  """Whether `fit` validates at the end of `epoch` (counted from 0)."""
+  if isinstance(validation_freq, (list, tuple)):
+    return epoch + 1 in validation_freq
+  return (epoch + 1) % validation_freq == 0
 
 
 def _model_variables(model):

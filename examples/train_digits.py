@@ -114,7 +114,7 @@ def run(epochs, out, verbose=1):
   # One batch of all test digits, padded with zero-weight rows to a multiple
   # of the devices: the accuracy counts the real digits only.
   test = trainer.evaluate(x_test, y_test, batch_size=len(x_test),
-                          remainder="pad")
+                          remainder="pad", return_dict=True)
   print(f"test accuracy {test['accuracy']:.4f}; trained in "
         f"{parallel_seconds:.1f} s")
 

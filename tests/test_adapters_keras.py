@@ -110,7 +110,8 @@ def test_evaluate_equals_keras_evaluate():
   model = mlp("sgd", weights=initial_weights())
   expected = model.evaluate(x, y, batch_size=BATCH, verbose=0,
                             return_dict=True)
-  got = keras_training.KerasTrainer(model).evaluate(x, y, batch_size=BATCH)
+  got = keras_training.KerasTrainer(model).evaluate(x, y, batch_size=BATCH,
+                                                    return_dict=True)
   assert sorted(got) == sorted(expected)
   for name in expected:
     np.testing.assert_allclose(got[name], expected[name], rtol=1e-5)
@@ -331,7 +332,7 @@ def test_set_weights_after_fit_is_what_evaluate_and_fit_use():
   reference = mlp(keras.optimizers.SGD(0.1), weights=other)
   expected = reference.evaluate(x, y, batch_size=BATCH, verbose=0,
                                 return_dict=True)
-  got = trainer.evaluate(x, y, batch_size=BATCH)
+  got = trainer.evaluate(x, y, batch_size=BATCH, return_dict=True)
   for name in expected:
     np.testing.assert_allclose(got[name], expected[name], rtol=1e-5)
 
@@ -353,7 +354,7 @@ def test_load_weights_after_fit_is_what_evaluate_uses(tmp_path):
   model.load_weights(str(tmp_path / "w.weights.h5"))
   expected = saved.evaluate(x, y, batch_size=BATCH, verbose=0,
                             return_dict=True)
-  got = trainer.evaluate(x, y, batch_size=BATCH)
+  got = trainer.evaluate(x, y, batch_size=BATCH, return_dict=True)
   for name in expected:
     np.testing.assert_allclose(got[name], expected[name], rtol=1e-5)
 
@@ -403,7 +404,7 @@ def test_padded_evaluate_equals_keras_evaluate_on_20_rows():
   expected = model.evaluate(x[:20], y[:20], batch_size=20, verbose=0,
                             return_dict=True)
   got = keras_training.KerasTrainer(model).evaluate(
-      x[:20], y[:20], batch_size=20, remainder="pad")
+      x[:20], y[:20], batch_size=20, remainder="pad", return_dict=True)
   for name in expected:
     np.testing.assert_allclose(got[name], expected[name], rtol=1e-5)
 

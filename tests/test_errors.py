@@ -1243,6 +1243,17 @@ def _fit(**kwargs):
   keras_training.KerasTrainer(_tiny_model()).fit(x, **arguments)
 
 
+def _model_overriding(step):
+  """A compiled functional model whose class replaces Keras' `step`."""
+  custom = type("CustomStep", (keras.Model,), {
+      step: lambda self, data: getattr(keras.Model, step)(self, data)})
+  inputs = keras.Input((2,))
+  model = custom(inputs, keras.layers.Dense(1, name="dense")(inputs),
+                 name="custom")
+  model.compile(optimizer="sgd", loss="mse")
+  return model
+
+
 def _built_trainer():
   trainer = keras_training.KerasTrainer(_tiny_model())
   trainer.build(tf.data.Dataset.from_tensors(_xy()))
@@ -1414,6 +1425,112 @@ def _():
 def _():
   trainer, state = _built_trainer()
   trainer.state = state[:3]
+
+
+@case("keras-custom-train-step", KERAS,
+      "KerasTrainer of a model that overrides train_step", ValueError,
+      r"KerasTrainer: CustomStep overrides train_step, which cannot run "
+      r"statelessly on several devices.*Move the custom logic into call\(\)")
+def _():
+  keras_training.KerasTrainer(_model_overriding("train_step"))
+
+
+@case("keras-custom-test-step", KERAS,
+      "evaluate (or fit with validation data) of a model that overrides "
+      "test_step", ValueError,
+      r"KerasTrainer.evaluate: CustomStep overrides test_step, which "
+      r"KerasTrainer does not run.*or run model.evaluate on one device")
+def _():
+  keras_training.KerasTrainer(_model_overriding("test_step")).evaluate(
+      *_xy(), batch_size=8)
+
+
+@case("keras-custom-predict-step", KERAS,
+      "predict of a model that overrides predict_step", ValueError,
+      r"KerasTrainer.predict: CustomStep overrides predict_step, which "
+      r"KerasTrainer does not run.*or run model.predict on one device")
+def _():
+  keras_training.KerasTrainer(_model_overriding("predict_step")).predict(
+      _xy()[0])
+
+
+@case("keras-validation-data-tuple", KERAS,
+      "fit(validation_data=(x,)), a tuple of 1", ValueError,
+      r"`validation_data` must be a tuple \(x, y\) or \(x, y, "
+      r"sample_weight\) of arrays, or a tf.data.Dataset of global batches; "
+      r"got a tuple of 1")
+def _():
+  _fit(validation_data=(_xy()[0],))
+
+
+@case("keras-validation-split-range", KERAS, "fit(validation_split=1.5)",
+      ValueError, r"`validation_split` must be a float between 0 and 1 .*got "
+      r"1.5")
+def _():
+  _fit(validation_split=1.5)
+
+
+@case("keras-validation-split-dataset", KERAS,
+      "fit(validation_split=...) on a tf.data.Dataset", ValueError,
+      r"`validation_split` splits in-memory arrays; with a tf.data.Dataset "
+      r"give `validation_data`")
+def _():
+  keras_training.KerasTrainer(_tiny_model()).fit(
+      tf.data.Dataset.from_tensors(_xy()), validation_split=0.5, verbose=0)
+
+
+@case("keras-validation-split-too-few-rows", KERAS,
+      "fit(validation_split=0.95) of 8 rows", ValueError,
+      r"validation_split=0.95 of 8 rows leaves no rows to train on")
+def _():
+  _fit(validation_split=0.95)
+
+
+@case("keras-validation-freq", KERAS, "fit(validation_freq=0)", ValueError,
+      r"`validation_freq` must be an int >= 1 \(validate every that many "
+      r"epochs\) or a list of epochs \(counted from 1\), got 0")
+def _():
+  _fit(validation_data=_xy(), validation_freq=0)
+
+
+@case("keras-shuffle-dataset", KERAS, "fit(dataset, shuffle=True)",
+      ValueError, r"with a tf.data.Dataset, give no `shuffle`.*shuffle its "
+      r"rows in the pipeline")
+def _():
+  keras_training.KerasTrainer(_tiny_model()).fit(
+      tf.data.Dataset.from_tensors(_xy()), shuffle=True, verbose=0)
+
+
+@case("keras-class-weight-type", KERAS, "fit(class_weight=[1.0, 2.0])",
+      TypeError, r"`class_weight` must be a dict from class index \(an int "
+      r">= 0\) to the weight of that class's rows, got \[1.0, 2.0\]")
+def _():
+  _fit(class_weight=[1.0, 2.0])
+
+
+@case("keras-class-weight-and-sample-weight", KERAS,
+      "fit(class_weight=..., sample_weight=...)", ValueError,
+      r"give `class_weight` or sample weights, not both \(as model.fit\)")
+def _():
+  _fit(class_weight={0: 2.0}, sample_weight=np.ones(8, np.float32))
+
+
+@case("keras-class-weight-several-targets", KERAS,
+      "fit(class_weight=...) with several targets", ValueError,
+      r"`class_weight` weighs the rows by a single target `y`; these batches "
+      r"have several")
+def _():
+  x, y = _xy()
+  keras_training.KerasTrainer(_tiny_model()).fit(
+      tf.data.Dataset.from_tensors((x, {"a": y, "b": y})),
+      class_weight={0: 2.0}, verbose=0)
+
+
+@case("keras-predict-batch-size", KERAS, "predict(batch_size=0)",
+      ValueError, r"KerasTrainer.predict: `batch_size` must be an int >= 1, "
+      r"got 0")
+def _():
+  keras_training.KerasTrainer(_tiny_model()).predict(_xy()[0], batch_size=0)
 
 
 @case("device-batches-unbatched", KERAS, "device_batches of an unbatched "

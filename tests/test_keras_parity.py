@@ -1,0 +1,362 @@
+"""adapters.keras_training: what `model.fit` users reach for, against Keras.
+
+Validation data and splits, class weights, shuffling, `predict`,
+`evaluate`'s return values and mixed precision policies: each compared with
+`model.fit` / `model.evaluate` / `model.predict` of an identically
+initialised copy of the model on one device, with the same data in the same
+order.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras
+from tfspmd.adapters import _keras_inputs
+from tfspmd.adapters import keras_training
+
+FEATURES, CLASSES, EXAMPLES, BATCH = 5, 3, 96, 16
+
+
+def data(seed=0, rows=EXAMPLES):
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((rows, FEATURES)).astype(np.float32)
+  y = rng.integers(0, CLASSES, rows).astype(np.int32)
+  return x, y
+
+
+def mlp(optimizer="sgd", metrics=("accuracy",), seed=1):
+  keras.utils.set_random_seed(seed)
+  model = keras.Sequential([
+      keras.Input((FEATURES,)),
+      keras.layers.Dense(8, activation="relu"),
+      keras.layers.Dense(CLASSES),
+      # Under a mixed policy the loss is taken on float32 logits, as Keras
+      # advises.
+      keras.layers.Activation("linear", dtype="float32"),
+  ])
+  model.compile(
+      optimizer=keras.optimizers.SGD(0.1) if optimizer == "sgd" else optimizer,
+      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      metrics=list(metrics))
+  return model
+
+
+def assert_same_run(model, history, reference, expected, rtol=1e-5,
+                    atol=1e-6):
+  assert sorted(history) == sorted(expected)
+  for name in expected:
+    np.testing.assert_allclose(history[name], expected[name], rtol=rtol,
+                               err_msg=name)
+  for got, want in zip(model.get_weights(), reference.get_weights()):
+    np.testing.assert_allclose(np.asarray(got, np.float32),
+                               np.asarray(want, np.float32), rtol=rtol,
+                               atol=atol)
+
+
+# --- validation -------------------------------------------------------------
+
+
+def test_validation_data_arrays_give_keras_val_logs():
+  x, y = data()
+  x_val, y_val = data(seed=1, rows=40)
+  w_val = np.linspace(0.5, 1.5, 40).astype(np.float32)
+  reference = mlp()
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                           validation_data=(x_val, y_val, w_val),
+                           validation_batch_size=8, verbose=0).history
+  model = mlp()
+  history = keras_training.KerasTrainer(model).fit(
+      x, y, batch_size=BATCH, epochs=2, validation_data=(x_val, y_val, w_val),
+      validation_batch_size=8, verbose=0).history
+  assert sorted(history) == ["accuracy", "loss", "val_accuracy", "val_loss"]
+  assert_same_run(model, history, reference, expected)
+
+
+def test_validation_dataset_every_second_epoch_as_keras():
+  x, y = data()
+  x_val, y_val = data(seed=2, rows=48)
+  validation = lambda: tf.data.Dataset.from_tensor_slices(
+      (x_val, y_val)).batch(24)
+  reference = mlp()
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=4, shuffle=False,
+                           validation_data=validation(), validation_freq=2,
+                           verbose=0).history
+  model = mlp()
+  history = keras_training.KerasTrainer(model).fit(
+      x, y, batch_size=BATCH, epochs=4, validation_data=validation(),
+      validation_freq=2, verbose=0).history
+  assert len(history["loss"]) == 4 and len(history["val_loss"]) == 2
+  assert_same_run(model, history, reference, expected)
+
+
+def test_validation_split_takes_the_last_rows_as_keras():
+  # 96 rows, 0.25: the first 72 train, the last 24 validate (padded to 24).
+  x, y = data(seed=3)
+  reference = mlp()
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                           validation_split=0.25, verbose=0).history
+  model = mlp()
+  history = keras_training.KerasTrainer(model).fit(
+      x, y, batch_size=BATCH, epochs=2, validation_split=0.25, verbose=0,
+      remainder="pad").history
+  assert_same_run(model, history, reference, expected)
+  # The split is Keras' own: evaluating the last 24 rows gives val_loss.
+  last = model.evaluate(x[72:], y[72:], batch_size=BATCH, verbose=0,
+                        return_dict=True)
+  np.testing.assert_allclose(history["val_loss"][-1], last["loss"],
+                             rtol=1e-5)
+
+
+def test_callbacks_see_the_validation_logs_at_epoch_end():
+  x, y = data()
+  seen = []
+  callback = keras.callbacks.LambdaCallback(
+      on_epoch_end=lambda epoch, logs: seen.append(sorted(logs)))
+  keras_training.KerasTrainer(mlp()).fit(
+      x, y, batch_size=BATCH, epochs=1, validation_data=(x[:16], y[:16]),
+      callbacks=[callback], verbose=0)
+  assert seen == [["accuracy", "loss", "val_accuracy", "val_loss"]]
+
+
+# --- class weights and shuffling --------------------------------------------
+
+
+def test_class_weight_equals_keras_fit():
+  x, y = data(seed=4)
+  class_weight = {0: 0.5, 2: 3.0}  # class 1 weighs 1
+  reference = mlp()
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                           class_weight=class_weight, verbose=0).history
+  model = mlp()
+  history = keras_training.KerasTrainer(model).fit(
+      x, y, batch_size=BATCH, epochs=2, class_weight=class_weight,
+      verbose=0).history
+  assert_same_run(model, history, reference, expected)
+
+
+def test_class_weight_of_one_hot_targets_in_a_dataset_equals_keras_fit():
+  x, y = data(seed=5)
+  one_hot = np.eye(CLASSES, dtype=np.float32)[y]
+
+  def model_of_one_hot():
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.CategoricalCrossentropy(from_logits=True))
+    return model
+
+  dataset = lambda: tf.data.Dataset.from_tensor_slices((x, one_hot)).batch(
+      BATCH)
+  # Every class named: Keras' own dataset path fails on a class it lacks.
+  class_weight = {0: 1.0, 1: 4.0, 2: 0.5}
+  reference = model_of_one_hot()
+  expected = reference.fit(dataset(), epochs=1, class_weight=class_weight,
+                           shuffle=False, verbose=0).history
+  model = model_of_one_hot()
+  history = keras_training.KerasTrainer(model).fit(
+      dataset(), epochs=1, class_weight=class_weight, verbose=0).history
+  assert_same_run(model, history, reference, expected)
+
+
+def test_shuffle_false_takes_the_rows_in_order_as_keras_shuffle_false():
+  x, y = data(seed=6)
+  reference = mlp()
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                           verbose=0).history
+  model = mlp()
+  history = keras_training.KerasTrainer(model).fit(
+      x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+  assert_same_run(model, history, reference, expected)
+
+
+def test_shuffle_gives_every_epoch_a_new_order_of_all_rows():
+  rows = np.arange(EXAMPLES, dtype=np.float32)[:, None]
+  dataset = _keras_inputs.global_batches(
+      rows, rows, None, BATCH, "error", mlp(metrics=()), "fit", shuffle=True)
+  epochs = [np.concatenate([x.numpy()[:, 0] for x, _ in dataset])
+            for _ in range(2)]
+  for order in epochs:
+    np.testing.assert_array_equal(np.sort(order), rows[:, 0])
+    assert not np.array_equal(order, rows[:, 0])
+  assert not np.array_equal(epochs[0], epochs[1])
+
+
+def test_shuffled_training_differs_from_ordered_and_ends_close_to_keras():
+  # Keras' permutations are its own: the losses agree only statistically.
+  x, y = data(seed=7)
+  keras.utils.set_random_seed(11)
+  expected = mlp().fit(x, y, batch_size=BATCH, epochs=3, shuffle=True,
+                       verbose=0).history
+  ordered = mlp()
+  keras_training.KerasTrainer(ordered).fit(x, y, batch_size=BATCH, epochs=3,
+                                           verbose=0)
+  model = mlp()
+  history = keras_training.KerasTrainer(model).fit(
+      x, y, batch_size=BATCH, epochs=3, shuffle=True, verbose=0).history
+  assert not np.allclose(model.get_weights()[0], ordered.get_weights()[0])
+  np.testing.assert_allclose(history["loss"], expected["loss"], rtol=0.05)
+
+
+# --- evaluate and predict ---------------------------------------------------
+
+
+def test_evaluate_returns_what_keras_evaluate_returns():
+  x, y = data(seed=8)
+  for metrics in ((), ("accuracy",)):
+    model = mlp(metrics=metrics)
+    trainer = keras_training.KerasTrainer(model)
+    for return_dict in (False, True):
+      expected = model.evaluate(x, y, batch_size=BATCH, verbose=0,
+                                return_dict=return_dict)
+      got = trainer.evaluate(x, y, batch_size=BATCH, return_dict=return_dict)
+      assert type(got) is type(expected)
+      if return_dict:
+        assert sorted(got) == sorted(expected)
+        got, expected = list(got.values()), list(expected.values())
+      np.testing.assert_allclose(got, expected, rtol=1e-5)
+  assert isinstance(trainer.evaluate(x, y, batch_size=BATCH)[0], float)
+
+
+def test_predict_equals_keras_predict_with_a_last_batch_of_2_rows():
+  # 50 rows in batches of 16: the last one holds 2 rows for 8 devices.
+  x, _ = data(seed=9, rows=50)
+  model = mlp()
+  expected = model.predict(x, batch_size=16, verbose=0)
+  got = keras_training.KerasTrainer(model).predict(x, batch_size=16)
+  assert isinstance(got, np.ndarray) and got.shape == expected.shape == (50, 3)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_predict_of_a_model_with_two_inputs_and_two_outputs_as_keras():
+  keras.utils.set_random_seed(2)
+  a, b = keras.Input((FEATURES,), name="a"), keras.Input((2,), name="b")
+  hidden = keras.layers.Dense(4)(keras.layers.Concatenate()([a, b]))
+  model = keras.Model({"a": a, "b": b},
+                      {"score": keras.layers.Dense(1)(hidden),
+                       "probs": keras.layers.Dense(3, activation="softmax")(
+                           hidden)})
+  model.compile(optimizer="sgd", loss={"score": "mse",
+                                       "probs": "categorical_crossentropy"})
+  x, _ = data(seed=10, rows=36)
+  inputs = {"a": x, "b": x[:, :2] * 2}
+  expected = model.predict(inputs, batch_size=12, verbose=0)
+  got = keras_training.KerasTrainer(model).predict(
+      tf.data.Dataset.from_tensor_slices(inputs).batch(12))
+  assert sorted(got) == sorted(expected) == ["probs", "score"]
+  for name in expected:
+    np.testing.assert_allclose(got[name], expected[name], rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_predict_after_fit_uses_the_trained_weights():
+  x, y = data(seed=11)
+  model = mlp()
+  trainer = keras_training.KerasTrainer(model)
+  trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  np.testing.assert_allclose(trainer.predict(x, batch_size=BATCH),
+                             model.predict(x, batch_size=BATCH, verbose=0),
+                             rtol=1e-5, atol=1e-6)
+
+
+# --- mixed precision --------------------------------------------------------
+
+
+@pytest.fixture
+def mixed_policy(request):
+  keras.mixed_precision.set_global_policy(request.param)
+  yield request.param
+  keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("mixed_policy", ["mixed_float16", "mixed_bfloat16"],
+                         indirect=True)
+def test_mixed_precision_trains_close_to_keras_fit(mixed_policy):
+  x, y = data(seed=12)
+  x_val, y_val = data(seed=13, rows=32)
+  arguments = dict(batch_size=BATCH, epochs=2, verbose=0,
+                   validation_data=(x_val, y_val))
+  reference = mlp(keras.optimizers.Adam(0.01))
+  expected = reference.fit(x, y, shuffle=False, **arguments).history
+  model = mlp(keras.optimizers.Adam(0.01))
+  assert model.layers[0].compute_dtype == mixed_policy[len("mixed_"):]
+  history = keras_training.KerasTrainer(model).fit(x, y, **arguments).history
+  # Half-precision activations, rounded differently by the devices'
+  # per-row programs: float16 keeps 11 significant bits, bfloat16 8.
+  rtol, atol = {"mixed_float16": (2e-2, 2e-3),
+                "mixed_bfloat16": (5e-2, 1e-2)}[mixed_policy]
+  assert_same_run(model, history, reference, expected, rtol=rtol, atol=atol)
+  predictions = keras_training.KerasTrainer(model).predict(x_val)
+  np.testing.assert_allclose(predictions, model.predict(x_val, verbose=0),
+                             rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("mixed_policy", ["mixed_float16"], indirect=True)
+def test_loss_scale_skips_overflowing_steps_and_grows_as_keras(mixed_policy):
+  # A first scale of 2**30 overflows float16 gradients: the scale halves on
+  # each such step, which leaves the weights alone, and doubles after 2
+  # finite steps in a row.
+  def model_with_loss_scale():
+    model = mlp()
+    model.compile(
+        optimizer=keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.1), initial_scale=2.0**30,
+            dynamic_growth_steps=2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+  x, y = data(seed=14)
+  reference = model_with_loss_scale()
+  assert isinstance(reference.optimizer, keras.optimizers.LossScaleOptimizer)
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                           verbose=0).history
+  model = model_with_loss_scale()
+  history = keras_training.KerasTrainer(model).fit(
+      x, y, batch_size=BATCH, epochs=2, verbose=0).history
+  assert_same_run(model, history, reference, expected, rtol=2e-2, atol=2e-3)
+  scale = float(model.optimizer.dynamic_scale.numpy())
+  assert scale == float(reference.optimizer.dynamic_scale.numpy())
+  assert scale < 2.0**30
+  assert int(model.optimizer.iterations.numpy()) == int(
+      reference.optimizer.iterations.numpy())
+
+
+# --- what KerasTrainer does not run -----------------------------------------
+
+
+class CustomTestStep(keras.Model):
+
+  def test_step(self, data):
+    return super().test_step(data)
+
+
+class CustomPredictStep(keras.Model):
+
+  def predict_step(self, data):
+    return super().predict_step(data)
+
+
+def _compiled(cls):
+  inputs = keras.Input((FEATURES,))
+  model = cls(inputs, keras.layers.Dense(CLASSES)(inputs))
+  model.compile(optimizer="sgd", loss="mse")
+  return model
+
+
+def test_a_custom_test_step_is_an_error_in_evaluate_and_validation():
+  x, _ = data()
+  y = np.zeros((EXAMPLES, CLASSES), np.float32)
+  trainer = keras_training.KerasTrainer(_compiled(CustomTestStep))
+  with pytest.raises(ValueError, match=r"KerasTrainer.evaluate: "
+                     r"CustomTestStep overrides test_step"):
+    trainer.evaluate(x, y, batch_size=BATCH)
+  with pytest.raises(ValueError, match=r"KerasTrainer.fit: CustomTestStep "
+                     r"overrides test_step"):
+    trainer.fit(x, y, batch_size=BATCH, validation_split=0.5, verbose=0)
+  trainer.fit(x, y, batch_size=BATCH, verbose=0)  # fit alone runs
+
+
+def test_a_custom_predict_step_is_an_error_in_predict():
+  trainer = keras_training.KerasTrainer(_compiled(CustomPredictStep))
+  with pytest.raises(ValueError, match=r"KerasTrainer.predict: "
+                     r"CustomPredictStep overrides predict_step"):
+    trainer.predict(data()[0])
