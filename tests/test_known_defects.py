@@ -1,9 +1,10 @@
 """DTensor and TensorFlow defects tfspmd works around (docs/collectives.md),
-as strict xfails.
+as xfails.
 
 Each test asserts the right answer of plain DTensor or TensorFlow and fails
-today for the reason it names. Being strict, it starts failing once
-TensorFlow fixes the defect, so the workaround and its note can go.
+today for the reason it names. Those that fail on every run are strict, so
+they start failing once TensorFlow fixes the defect, and the workaround and
+its note can go; a race that a machine may not show is not.
 """
 
 import os
@@ -109,8 +110,10 @@ for left, right in [((4, 1, 8, 2), (2, 16)), ((4, 1, 8, 8), (1, 8, 16)),
 """
 
 
+# Not strict: the corruption is a race between oneDNN's threads, which a
+# machine with one core, or a quiet one, may not show.
 @pytest.mark.xfail(
-    strict=True, raises=AssertionError,
+    strict=False, raises=AssertionError,
     reason="TensorFlow's oneDNN batched matmul (TF 2.21, CPU) corrupts memory "
     "for a left operand [B, 1, M, K] by a broadcast right operand")
 def test_batched_matmul_of_a_size_one_batch_axis_by_a_broadcast_operand():
