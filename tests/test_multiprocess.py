@@ -191,6 +191,23 @@ def _port_in_launcher_range():
   pytest.skip("no free port in 61440..65535")
 
 
+def test_the_seed_example_started_from_tf_config():
+  # As Vertex AI and Kubeflow start TensorFlow jobs: every task's address,
+  # the chief first.
+  chief, worker = _free_addresses(2)
+  cluster = {"chief": [chief], "worker": [worker]}
+  envs = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
+          for task in ({"type": "chief", "index": 0},
+                       {"type": "worker", "index": 0})]
+  reports = _run([("seed", k, None, envs[k]) for k in range(2)], devices=4)
+  assert reports[0]["out"] == [28, 29, 30, 31]
+  assert reports[1]["out"] == [32, 33, 34, 35]
+  assert [r["process_index"] for r in reports] == [0, 1]
+  assert reports[0]["gathered"] == list(range(28, 36))
+  assert reports[0]["addresses"] == reports[1]["addresses"] == (
+      f"{chief},{worker}")
+
+
 @pytest.mark.parametrize("how", ["coordinator", "SLURM", "Open MPI"])
 def test_the_seed_example_started_from_one_coordinator_address(how):
   # DTensor needs every process's address; the processes find each other
