@@ -309,7 +309,8 @@ def test_restoring_what_is_not_there_is_an_error(tmp_path):
   raw = tf.train.Checkpoint(state=[tf.Variable(BIAS)]).write(
       str(tmp_path / "raw"))
   with pytest.raises(ValueError, match=(
-      r"the checkpoint holds no state written by adapters\.checkpoint\.save "
+      r"the checkpoint holds no state written by tfspmd\.adapters\.checkpoint"
+      r"\.save "
       r"with its leaves' paths")):
     checkpoint.restore(raw, like=[BIAS])
 

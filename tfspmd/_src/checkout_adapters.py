@@ -45,5 +45,7 @@ def install(package_folder):
   folder = os.path.join(os.path.dirname(package_folder), "adapters")
   if not os.path.isfile(os.path.join(folder, "__init__.py")):
     return
+  # First: the adapters beside this tfspmd, not those another install of
+  # the project (an editable one of another checkout) maps the name to.
   if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
-    sys.meta_path.append(_Finder(folder))
+    sys.meta_path.insert(0, _Finder(folder))
