@@ -131,7 +131,7 @@ def pmap(
     donate_argnums: int | Sequence[int] = (),
     steps: int | None = None,
     debug: bool = False,
-) -> PmappedFunction | Callable[[Callable[..., Any]], PmappedFunction]:
+) -> Callable[..., Any]:
   """Maps `fun` over an axis of its arguments, one position per device.
 
   `fun` is the program one device runs, written with TensorFlow ops; it may

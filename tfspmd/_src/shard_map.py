@@ -280,7 +280,7 @@ def shard_map(
     in_specs: Any,
     out_specs: Any,
     check_vma: bool = True,
-) -> ShardMappedFunction | Callable[[Callable[..., Any]], ShardMappedFunction]:
+) -> Callable[..., Any]:
   """Runs `f` on every device's blocks of arrays split over a named mesh.
 
   Args:

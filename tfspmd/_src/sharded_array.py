@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from collections.abc import Sequence
 import dataclasses
+from typing import TypeAlias
 
 import numpy as np
 import tensorflow as tf
@@ -18,9 +19,9 @@ from tfspmd._src import placement as placement_lib
 from tfspmd._src import tf_internal
 
 # What `tf.as_dtype` accepts: tf.float32, np.float32, np.dtype, 'float32'.
-DTypeLike = tf.DType | np.dtype | type | str
+DTypeLike: TypeAlias = tf.DType | np.dtype | type | str
 # The axes a reduction runs over: one, several, or None for all of them.
-Axes = int | Sequence[int] | None
+Axes: TypeAlias = int | Sequence[int] | None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,7 +103,7 @@ def vmap(
     out_axes: Any = 0,
     axis_name: Hashable | None = None,
     axis_size: int | None = None,
-) -> VmappedFunction | Callable[[Callable[..., Any]], VmappedFunction]:
+) -> Callable[..., Any]:
   """Vectorizes `fun` over an axis of its arguments, like `jax.vmap`.
 
   `fun` is written for one slice; the result stacks its outputs along
