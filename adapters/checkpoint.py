@@ -27,8 +27,11 @@ Other trackables (a step counter, a `tf.data` iterator) can be saved beside
 the state in the same checkpoint.
 """
 
+from __future__ import annotations
+
 import collections
 import json
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -45,7 +48,7 @@ _HOST = "CPU:0"
 _NOT_TRACKABLES = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter", "state")
 
 
-def save(path, state, **trackables):
+def save(path: str, state: Any, **trackables: Any) -> str:
   """Writes `state` (and any `trackables`) to the checkpoint `path`.
 
   Args:
@@ -79,7 +82,7 @@ def save(path, state, **trackables):
   return path
 
 
-def restore(path, like, **trackables):
+def restore(path: str, like: Any, **trackables: Any) -> Any:
   """Reads a state saved by `save` into the structure and placement of `like`.
 
   Leaves are matched by pytree path. Each comes back with its saved global

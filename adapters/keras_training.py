@@ -46,6 +46,11 @@ variance the mean of the devices' batch variances (not the global batch's
 variance, since each device normalizes by its own batch statistics).
 """
 
+from __future__ import annotations
+
+from collections.abc import Hashable
+from collections.abc import Sequence
+from typing import Any
 import warnings
 
 import numpy as np
@@ -98,7 +103,8 @@ class KerasTrainer:
     True
   """
 
-  def __init__(self, model, *, num_devices=None, axis_name="data"):
+  def __init__(self, model: keras.Model, *, num_devices: int | None = None,
+               axis_name: Hashable = "data") -> None:
     """Prepares `model` for data-parallel training.
 
     Args:
@@ -146,7 +152,7 @@ class KerasTrainer:
   # callbacks (one scalar).
 
   @property
-  def state(self):
+  def state(self) -> tuple[list[tfspmd.ShardedArray], ...] | None:
     """The training state: `(trainable, non_trainable, optimizer, metrics)`.
 
     Four lists of replicated `tfspmd.ShardedArray`s, in the order of
@@ -162,7 +168,7 @@ class KerasTrainer:
     return self._state
 
   @state.setter
-  def state(self, value):
+  def state(self, value: Sequence[Sequence[Any]]) -> None:
     if self._state is None:
       raise ValueError(
           "KerasTrainer.state can be set only once the model is built: call "
@@ -172,7 +178,7 @@ class KerasTrainer:
     self._devices_ahead = True
     self.sync_to_model()
 
-  def build(self, data):
+  def build(self, data: Any) -> None:
     """Builds the model, loss, metrics and optimizer, and places the state.
 
     Called by `fit` and `evaluate`; call it yourself to get `state` before
@@ -198,7 +204,7 @@ class KerasTrainer:
     self._pull()
     self._reset_metrics = self._state[3]
 
-  def sync_to_model(self):
+  def sync_to_model(self) -> None:
     """Writes the devices' state into the model's and optimizer's variables.
 
     Only values the model does not have yet: a model changed since (e.g. by
@@ -252,11 +258,21 @@ class KerasTrainer:
 
   # --- fit and evaluate ------------------------------------------------------
 
-  def fit(self, x, y=None, *, batch_size=None, epochs=1, initial_epoch=0,
-          steps_per_epoch=None, verbose="auto", callbacks=None,
-          validation_split=0.0, validation_data=None, shuffle=False,
-          class_weight=None, sample_weight=None, validation_batch_size=None,
-          validation_freq=1, remainder="error"):
+  def fit(self, x: Any, y: Any = None, *,
+          batch_size: int | None = None,
+          epochs: int = 1,
+          initial_epoch: int = 0,
+          steps_per_epoch: int | None = None,
+          verbose: str | int = "auto",
+          callbacks: Sequence[keras.callbacks.Callback] | None = None,
+          validation_split: float = 0.0,
+          validation_data: Any = None,
+          shuffle: bool = False,
+          class_weight: dict[int, float] | None = None,
+          sample_weight: Any = None,
+          validation_batch_size: int | None = None,
+          validation_freq: int | Sequence[int] = 1,
+          remainder: str = "error") -> keras.callbacks.History:
     """Trains the model for `epochs` epochs, like `model.fit`.
 
     Args:
@@ -407,8 +423,10 @@ class KerasTrainer:
     callback_list.on_epoch_end(epoch, logs)
     return logs
 
-  def evaluate(self, x, y=None, *, batch_size=None, sample_weight=None,
-               return_dict=False, remainder="error"):
+  def evaluate(
+      self, x: Any, y: Any = None, *, batch_size: int | None = None,
+      sample_weight: Any = None, return_dict: bool = False,
+      remainder: str = "error") -> float | list[float] | dict[str, float]:
     """The compiled loss and metrics of the model on some data.
 
     The model's current variables are used (those `fit` trained, or any the
@@ -459,7 +477,7 @@ class KerasTrainer:
     callback_list.on_test_end(logs)
     return logs
 
-  def predict(self, x, *, batch_size=None):
+  def predict(self, x: Any, *, batch_size: int | None = None) -> Any:
     """The model's outputs on some inputs, like `model.predict`.
 
     Each global batch is split over the devices, and each device runs the

@@ -15,8 +15,12 @@ devices. A background thread places the next batches while the current step
 runs.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterator
 import queue
 import threading
+from typing import Any
 
 import tensorflow as tf
 
@@ -26,9 +30,13 @@ from . import _placement
 _REMAINDER_POLICIES = ("error", "pad")
 
 
-def device_batches(dataset, *, num_devices=None, steps_per_call=None,
-                   remainder="error", buffer_size=2, process_index=None,
-                   process_count=None):
+def device_batches(dataset: tf.data.Dataset, *,
+                   num_devices: int | None = None,
+                   steps_per_call: int | None = None,
+                   remainder: str = "error",
+                   buffer_size: int = 2,
+                   process_index: int | None = None,
+                   process_count: int | None = None) -> DeviceBatches:
   """Iterates a dataset of global batches as batches placed on the devices.
 
   Args:
@@ -86,8 +94,10 @@ class DeviceBatches:
     process_count: The number of processes.
   """
 
-  def __init__(self, dataset, *, num_devices, steps_per_call, remainder,
-               buffer_size, process_index, process_count):
+  def __init__(self, dataset: tf.data.Dataset, *, num_devices: int | None,
+               steps_per_call: int | None, remainder: str, buffer_size: int,
+               process_index: int | None,
+               process_count: int | None) -> None:
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError(
           f"device_batches: `dataset` must be a tf.data.Dataset of global "
@@ -123,7 +133,7 @@ class DeviceBatches:
     self._dataset = self._pipeline(dataset)
 
   @property
-  def total_devices(self):
+  def total_devices(self) -> int:
     """The number of devices of all processes a global batch is split over."""
     return len(self.devices) * self.process_count
 
@@ -141,7 +151,7 @@ class DeviceBatches:
       dataset = dataset.padded_batch(self._steps)
     return dataset.prefetch(tf.data.AUTOTUNE)
 
-  def __iter__(self):
+  def __iter__(self) -> Iterator[Any]:
     items = self._items()
     if self._buffer_size == 0:
       return items
@@ -234,7 +244,7 @@ def _pad(element, total):
   return padded
 
 
-def pad_rows(element, multiple):
+def pad_rows(element: Any, multiple: int) -> tuple[Any, tf.Tensor]:
   """Pads every leaf of a global batch with zero rows to a multiple of rows.
 
   Args:
@@ -264,7 +274,7 @@ def pad_rows(element, multiple):
   return tf.nest.map_structure(pad, element), rows
 
 
-def check_element_spec(spec, caller, argument):
+def check_element_spec(spec: Any, caller: str, argument: str) -> None:
   """Raises if a dataset's elements are not global batches of dense tensors.
 
   Args:
@@ -299,7 +309,7 @@ def check_element_spec(spec, caller, argument):
           f"multiple of the number of devices.")
 
 
-def named_leaves(structure, root):
+def named_leaves(structure: Any, root: str) -> list[tuple[str, Any]]:
   """The leaves of a nested structure with Python-style paths from `root`.
 
   Example:

@@ -1,11 +1,12 @@
 """The catalogue of bad inputs: each raises a specific error that says what to change.
 
 Each row of `CATALOGUE` is one kind of mistake: what the user did, code that
-does it, the exception type it must raise (exactly that type), and a pattern
-its message must match: the argument at fault (its pytree path where it has
-one), what was expected and what was given. docs/errors.md lists every row
-with the message it raises today; `test_docs_list_every_case` keeps the two
-equal. After changing a message or a row, rewrite the page with
+does it, the exception type it must raise (exactly that type; for a mistake
+the call goes on from, the warning it gives, which `raise_warning` raises),
+and a pattern its message must match: the argument at fault (its pytree path
+where it has one), what was expected and what was given. docs/errors.md lists
+every row with the message it raises today; `test_docs_list_every_case`
+keeps the two equal. After changing a message or a row, rewrite the page with
 
   TFSPMD_WRITE_ERRORS_DOC=1 .venv/bin/python -m pytest -q tests/test_errors.py
 """
@@ -16,6 +17,8 @@ import fractions
 import os
 import re
 import tempfile
+from unittest import mock
+import warnings
 
 import numpy as np
 import pytest
@@ -48,6 +51,20 @@ def case(id_, group, what, error, match):
     CATALOGUE.append(Case(id_, group, what, trigger, error, match))
     return trigger
   return add
+
+
+def raise_warning(run):
+  """Runs `run`, then raises the UserWarning it gave, for a row to match.
+
+  A warning does not stop the call that gives it; raising it afterwards
+  lets its row check the type and message as for an error.
+  """
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    run()
+  for warning in caught:
+    if warning.category is UserWarning:
+      raise warning.message
 
 
 P = tfspmd.pmap
@@ -863,6 +880,19 @@ def _():
   tfspmd.config.update("tfspmd_enable_x64", "no")
 
 
+@case("dtensor-gather-switch-off", STATE,
+      "LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2=0 in the environment, to "
+      "turn DTensor's switch off", UserWarning,
+      r"LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2='0' is set: DTensor turns "
+      r"this switch on whenever the variable is set, whatever its value.*To "
+      r"turn it off, remove it: del os\.environ\["
+      r"'LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2'\]")
+def _():
+  with mock.patch.dict(
+      os.environ, {"LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2": "0"}):
+    raise_warning(lambda: P(lambda x: x * 2)(np.zeros(8)))
+
+
 @case("variable-assign-debug", STATE,
       "assigning to a tf.Variable inside a pmap in debug mode", ValueError,
       r"writes to a tf.Variable \(AssignAddVariableOp\).*Pass the state")
@@ -1087,6 +1117,62 @@ def _():
       r"'host:port'")
 def _():
   INIT(process_addresses=["localhost:9000", "localhost:9000"], process_id=0)
+
+
+
+def _tf_config(text):
+  """Runs initialize() with `text` as the TF_CONFIG a launcher set."""
+  with mock.patch.dict(os.environ, {"TF_CONFIG": text}):
+    INIT()
+
+
+@case("tf-config-not-json", PROCESSES,
+      "TF_CONFIG that is not JSON (unquoted keys)", ValueError,
+      r"TF_CONFIG is not JSON \(Expecting property name enclosed in double "
+      r"quotes: .*\): it must be like \{\"cluster\": \{\"worker\": "
+      r"\[\"host:port\", \.\.\.\]\}, \"task\": \{\"type\": \"worker\", "
+      r"\"index\": 0\}\}")
+def _():
+  _tf_config("{cluster: {worker: ['h0:2222']}}")
+
+
+@case("tf-config-not-an-object", PROCESSES,
+      "TF_CONFIG whose \"cluster\" is not an object", ValueError,
+      r"TF_CONFIG must be a JSON object with a \"cluster\" object, got "
+      r"'\{\"cluster\": \[\"h0:2222\"\]\}'")
+def _():
+  _tf_config('{"cluster": ["h0:2222"]}')
+
+
+@case("tf-config-job-not-a-list", PROCESSES,
+      "TF_CONFIG whose \"worker\" job is one string of addresses", ValueError,
+      r"TF_CONFIG's 'worker' job must be a list of 'host:port' strings, got "
+      r"'h0:2222,h1:2222'")
+def _():
+  _tf_config('{"cluster": {"worker": "h0:2222,h1:2222"}, '
+             '"task": {"type": "worker", "index": 0}}')
+
+
+@case("tf-config-task-type", PROCESSES,
+      "TF_CONFIG whose task is an \"evaluator\" (or \"ps\")", ValueError,
+      r"TF_CONFIG's task is \{'type': 'evaluator', 'index': 0\}, but the "
+      r"processes that run a pmap together are the cluster's \"chief\" and "
+      r"\"worker\" tasks: give this process \"task\": \{\"type\": \"worker\" "
+      r"\(or \"chief\"\), \"index\": \.\.\.\}, or do not call "
+      r"tfspmd\.distributed\.initialize in it")
+def _():
+  _tf_config('{"cluster": {"worker": ["h0:2222", "h1:2222"], '
+             '"evaluator": ["e0:2222"]}, '
+             '"task": {"type": "evaluator", "index": 0}}')
+
+
+@case("tf-config-index-range", PROCESSES,
+      "TF_CONFIG whose task index is past its job's tasks", ValueError,
+      r"TF_CONFIG's task index 2 is out of range for its 'worker' job of 2 "
+      r"task\(s\)")
+def _():
+  _tf_config('{"cluster": {"worker": ["h0:2222", "h1:2222"]}, '
+             '"task": {"type": "worker", "index": 2}}')
 
 # --- adapters: checkpoints ---------------------------------------------------
 
@@ -1677,8 +1763,9 @@ def render_doc():
       "whose message names",
       "the argument (its pytree path, such as `args[0]['w']` or "
       "`kwargs['x']`), what was",
-      "expected and what was given. This page is written from the "
-      "catalogue in",
+      "expected and what was given; a mistake the call can go on from gives "
+      "a warning instead,",
+      "marked as one. This page is written from the catalogue in",
       "`tests/test_errors.py`, with the message each case raises, and a "
       "test keeps it equal",
       "to what the code raises (rewrite it with",
@@ -1696,8 +1783,10 @@ def render_doc():
     for entry in entries:
       error = raised(entry)
       text = message(error) if error is not None else "(nothing raised)"
-      lines.append(f"| {_cell(entry.what)} | `{entry.error.__name__}` | "
-                   f"{_cell(text)} |")
+      kind = f"`{entry.error.__name__}`"
+      if issubclass(entry.error, Warning):
+        kind += " (a warning: the call goes on)"
+      lines.append(f"| {_cell(entry.what)} | {kind} | {_cell(text)} |")
   lines += ["", "## Elsewhere", "", "| what you did | where |", "| --- | --- |"]
   for group, what, where in PLACEHOLDERS:
     lines.append(f"| {_cell(what)} ({group}) | {_cell(where)} |")

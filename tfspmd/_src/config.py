@@ -6,7 +6,10 @@ with it False, float64 NumPy inputs arrive as float32, as under JAX's default
 parameters as float32.
 """
 
+from __future__ import annotations
+
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -40,18 +43,18 @@ class Config:
     >>> tfspmd.config.update('tfspmd_enable_x64', True)
   """
 
-  def __init__(self):
+  def __init__(self) -> None:
     self._lock = threading.Lock()
     self._values = {"tfspmd_enable_x64": True}
 
-  def __getattr__(self, name):
+  def __getattr__(self, name: str) -> Any:
     values = self.__dict__.get("_values", {})
     if name in values:
       return values[name]
     raise AttributeError(f"tfspmd.config has no setting {name!r}; it has "
                          f"{sorted(values)}.")
 
-  def update(self, name, value):
+  def update(self, name: str, value: bool) -> None:
     """Sets the setting `name` to `value`.
 
     Raises:
@@ -69,7 +72,7 @@ class Config:
     with self._lock:
       self._values[name] = value
 
-  def narrowed(self, array):
+  def narrowed(self, array: np.ndarray) -> np.ndarray:
     """`array` (a NumPy array) as it arrives on the devices under the settings."""
     if self._values["tfspmd_enable_x64"]:
       return array

@@ -6,6 +6,8 @@ devices before TensorFlow creates its devices. tfspmd owns that split: set
 first thing.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import functools
 import os
@@ -45,14 +47,14 @@ class Device:
   name: str
 
   @property
-  def device_kind(self):
+  def device_kind(self) -> str:
     return self.platform.upper()
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return f"Device(platform={self.platform!r}, id={self.id})"
 
 
-def set_num_cpu_devices(count):
+def set_num_cpu_devices(count: int) -> None:
   """Splits the host CPU into `count` logical devices for pmap to map over.
 
   Must run before TensorFlow creates its devices (before any op runs). Calling
@@ -141,7 +143,7 @@ def _platforms_present():
   return frozenset(present)
 
 
-def process_index():
+def process_index() -> int:
   """The index of this process among all processes (0 in a single process).
 
   Example:
@@ -152,7 +154,7 @@ def process_index():
   return dtensor.client_id()
 
 
-def process_count():
+def process_count() -> int:
   """The number of processes running this program together.
 
   Example:
@@ -220,7 +222,7 @@ def _full_name(process, platform, local_id):
           f"device:{platform.upper()}:{local_id}")
 
 
-def local_devices(backend=None):
+def local_devices(backend: str | None = None) -> tuple[Device, ...]:
   """The devices of this process, in order.
 
   Args:
@@ -248,7 +250,7 @@ def _all_devices(platform):
       for process in range(process_count()) for k in range(count))
 
 
-def devices(backend=None):
+def devices(backend: str | None = None) -> tuple[Device, ...]:
   """All devices of all processes, ordered by id.
 
   Args:
@@ -265,7 +267,7 @@ def devices(backend=None):
   return _all_devices(resolve_backend(backend))
 
 
-def device_count(backend=None):
+def device_count(backend: str | None = None) -> int:
   """The number of devices of all processes.
 
   Example:
@@ -276,7 +278,7 @@ def device_count(backend=None):
   return len(devices(backend))
 
 
-def local_device_count(backend=None):
+def local_device_count(backend: str | None = None) -> int:
   """The number of devices of this process.
 
   Example:

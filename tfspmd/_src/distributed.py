@@ -25,7 +25,10 @@ reaches the collective waits, as in JAX; an order that changes after every
 program involved was traced is not seen.
 """
 
+from __future__ import annotations
+
 import collections
+from collections.abc import Sequence
 import contextlib
 import math
 import os
@@ -62,9 +65,14 @@ class PeerFailedError(RuntimeError):
   """
 
 
-def initialize(coordinator_address=None, num_processes=None, process_id=None,
-               local_device_ids=None, *, process_addresses=None, backend=None,
-               initialization_timeout=300, heartbeat_timeout=100):
+def initialize(coordinator_address: str | None = None,
+               num_processes: int | None = None,
+               process_id: int | None = None,
+               local_device_ids: Sequence[int] | None = None, *,
+               process_addresses: Sequence[str] | None = None,
+               backend: str | None = None,
+               initialization_timeout: float = 300,
+               heartbeat_timeout: float = 100) -> None:
   """Joins this process to the others running the same program.
 
   Call it in every process, first thing after importing tfspmd, before any
@@ -256,7 +264,7 @@ def _check_devices_not_started():
         "after importing tfspmd.")
 
 
-def is_initialized():
+def is_initialized() -> bool:
   """True once `initialize` has succeeded in this process.
 
   Example:

@@ -7,9 +7,15 @@ one dimension per axis, named by position (`axis_0`, `axis_1`, ...) as
 pmap's meshes are, so shard_map's results and pmap's share meshes.
 """
 
+from __future__ import annotations
+
+from collections.abc import Hashable
+from collections.abc import Sequence
 import math
+from typing import Any
 
 import numpy as np
+from tensorflow.experimental import dtensor
 
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
@@ -29,14 +35,15 @@ class PartitionSpec(tuple):
     (PartitionSpec('data', None), PartitionSpec(('data', 'model')))
   """
 
-  def __new__(cls, *entries):
+  def __new__(
+      cls, *entries: Hashable | tuple[Hashable, ...] | None) -> PartitionSpec:
     return super().__new__(cls, entries)
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return f"PartitionSpec{tuple.__repr__(self)}" if len(self) != 1 else (
         f"PartitionSpec({self[0]!r})")
 
-  def axes_of(self, dimension):
+  def axes_of(self, dimension: int) -> tuple[Hashable, ...]:
     """The mesh axis names splitting `dimension`, major first."""
     if dimension >= len(self):
       return ()
@@ -62,7 +69,8 @@ class Mesh:
     ({'data': 2, 'model': 4}, 8)
   """
 
-  def __init__(self, devices, axis_names):
+  def __init__(self, devices: Any,
+               axis_names: Hashable | Sequence[Hashable]) -> None:
     devices = np.array(devices, dtype=object)
     if isinstance(axis_names, (str, bytes)) or not isinstance(
         axis_names, (tuple, list)):
@@ -89,46 +97,49 @@ class Mesh:
     self._axis_names = axis_names
 
   @property
-  def axis_names(self):
+  def axis_names(self) -> tuple[Hashable, ...]:
     return self._axis_names
 
   @property
-  def shape(self):
+  def shape(self) -> dict[Hashable, int]:
     """A dict from axis name to size, in axis order."""
     return dict(zip(self._axis_names, self._devices.shape))
 
   @property
-  def size(self):
+  def size(self) -> int:
     return self._devices.size
 
   @property
-  def devices(self):
+  def devices(self) -> np.ndarray:
     return self._devices
 
   @property
-  def mesh_key(self):
+  def mesh_key(self) -> tuple[tuple[str, ...], tuple[int, ...],
+                              tuple[devices_lib.Device, ...]]:
     """`(dim names, sizes, devices)`: the arguments of `mesh.mesh_for_axes`."""
     return (tuple(mesh_lib.mesh_dim_name(k) for k in range(self._devices.ndim)),
             tuple(self._devices.shape), tuple(self._devices.flat))
 
   @property
-  def dtensor_mesh(self):
+  def dtensor_mesh(self) -> dtensor.Mesh:
     """The `tf.experimental.dtensor.Mesh` of the same devices and shape."""
     return mesh_lib.mesh_for_axes(*self.mesh_key)
 
-  def __eq__(self, other):
+  def __eq__(self, other: object) -> bool:
     return (isinstance(other, Mesh) and self._axis_names == other._axis_names
             and self.mesh_key == other.mesh_key)
 
-  def __hash__(self):
+  def __hash__(self) -> int:
     return hash((self._axis_names, self.mesh_key))
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     axes = ", ".join(f"{name!r}: {size}" for name, size in self.shape.items())
     return f"Mesh({{{axes}}})"
 
 
-def make_mesh(axis_shapes, axis_names, *, devices=None):
+def make_mesh(axis_shapes: Sequence[int],
+              axis_names: Hashable | Sequence[Hashable], *,
+              devices: Sequence[devices_lib.Device] | None = None) -> Mesh:
   """A `Mesh` of the given shape over the first devices (or `devices`).
 
   Example:

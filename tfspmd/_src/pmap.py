@@ -14,11 +14,18 @@
     pmapped VJP (`pmap_gradient`).
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Hashable
+from collections.abc import Sequence
 import functools
+from typing import Any
 
 import tensorflow as tf
 
 from tfspmd._src import axis_env
+from tfspmd._src import devices as devices_lib
 from tfspmd._src import lru
 from tfspmd._src import pmap_donation
 from tfspmd._src import pmap_gradient
@@ -58,7 +65,7 @@ class PmappedFunction:
   # Inside a user's tf.function AutoGraph would convert tfspmd's own code
   # (and mix up its converted functions); `fun` is never converted either.
   @tf.autograph.experimental.do_not_convert
-  def __call__(self, *args, **kwargs):
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
     options = self._options
     if options.donate_argnums:
       pmap_donation.check_positions(options.donate_argnums, len(args))
@@ -112,9 +119,19 @@ class PmappedFunction:
     return vjp
 
 
-def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0,
-         static_broadcasted_argnums=(), devices=None, backend=None,
-         axis_size=None, donate_argnums=(), steps=None, debug=False):
+def pmap(
+    fun: Callable[..., Any] | None = None,
+    axis_name: Hashable | None = None, *,
+    in_axes: Any = 0,
+    out_axes: Any = 0,
+    static_broadcasted_argnums: int | Sequence[int] = (),
+    devices: Sequence[devices_lib.Device] | None = None,
+    backend: str | None = None,
+    axis_size: int | None = None,
+    donate_argnums: int | Sequence[int] = (),
+    steps: int | None = None,
+    debug: bool = False,
+) -> Callable[..., Any]:
   """Maps `fun` over an axis of its arguments, one position per device.
 
   `fun` is the program one device runs, written with TensorFlow ops; it may

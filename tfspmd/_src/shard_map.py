@@ -19,8 +19,12 @@ with its own VJP, a shard_map of `f`'s per-device VJP
 (`shard_map_gradient`).
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
 import functools
 import math
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -218,7 +222,7 @@ class ShardMappedFunction:
     return result
 
   @tf.autograph.experimental.do_not_convert
-  def __call__(self, *args, **kwargs):
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
     if kwargs:
       raise TypeError(
           f"shard_map: pass the arguments of the mapped function by position "
@@ -270,7 +274,13 @@ class ShardMappedFunction:
             out_treedef, out_specs)
 
 
-def shard_map(f=None, *, mesh, in_specs, out_specs, check_vma=True):
+def shard_map(
+    f: Callable[..., Any] | None = None, *,
+    mesh: Mesh,
+    in_specs: Any,
+    out_specs: Any,
+    check_vma: bool = True,
+) -> Callable[..., Any]:
   """Runs `f` on every device's blocks of arrays split over a named mesh.
 
   Args:

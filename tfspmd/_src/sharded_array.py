@@ -1,16 +1,27 @@
 """The result type of a pmap: one array whose blocks live on the devices."""
 
+from __future__ import annotations
+
+from collections.abc import Iterator
+from collections.abc import Sequence
 import dataclasses
+from typing import TypeAlias
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src import array_ops
+from tfspmd._src import devices as devices_lib
 from tfspmd._src import distributed
 from tfspmd._src import dtensor_device
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import tf_internal
+
+# What `tf.as_dtype` accepts: tf.float32, np.float32, np.dtype, 'float32'.
+DTypeLike: TypeAlias = tf.DType | np.dtype | type | str
+# The axes a reduction runs over: one, several, or None for all of them.
+Axes: TypeAlias = int | Sequence[int] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,8 +41,8 @@ class Shard:
     >>> shard.device, shard.index, shard.data.shape
     (Device(platform='cpu', id=1), (slice(1, 2, None), slice(None, None, None)), TensorShape([1, 2]))
   """
-  device: object
-  index: tuple
+  device: devices_lib.Device
+  index: tuple[slice, ...]
   data: tf.Tensor
 
 
@@ -77,7 +88,8 @@ class ShardedArray:
   __slots__ = ("_value", "_placement", "_shape", "_dtype", "_host",
                "_whole_on_each_device", "__weakref__")
 
-  def __init__(self, value, placement, shape, dtype):
+  def __init__(self, value: tf.Tensor, placement: placement_lib.Placement,
+               shape: Sequence[int], dtype: DTypeLike) -> None:
     self._value = value
     self._placement = placement
     self._shape = tf.TensorShape(shape)
@@ -86,46 +98,46 @@ class ShardedArray:
     self._whole_on_each_device = None
 
   @property
-  def shape(self):
+  def shape(self) -> tf.TensorShape:
     """The shape of the array (of this process's part, with several)."""
     return self._shape
 
   @property
-  def dtype(self):
+  def dtype(self) -> tf.DType:
     """The element type, a `tf.DType`."""
     return self._dtype
 
   @property
-  def ndim(self):
+  def ndim(self) -> int:
     return self._shape.rank
 
   @property
-  def size(self):
+  def size(self) -> int:
     return self._shape.num_elements()
 
   @property
-  def placement(self):
+  def placement(self) -> placement_lib.Placement:
     """How the array lies on its mesh (which axis is split over which dim)."""
     return self._placement
 
   @property
-  def layout(self):
+  def layout(self) -> dtensor.Layout:
     """The DTensor layout of `dtensor_value`."""
     return self._placement.layout
 
   @property
-  def dtensor_value(self):
+  def dtensor_value(self) -> tf.Tensor:
     """The underlying DTensor, for use with TensorFlow's DTensor API."""
     if self._value is None:
       self._check_alive()
     return self._live()
 
-  def devices(self):
+  def devices(self) -> tuple[devices_lib.Device, ...]:
     """The devices holding the array, in mesh order."""
     return self._placement.devices
 
   @property
-  def addressable_shards(self):
+  def addressable_shards(self) -> list[Shard]:
     """This process's blocks, one `Shard` per local device, in mesh order."""
     self._check_alive()
     counts = self._placement.local_counts()
@@ -137,7 +149,7 @@ class ShardedArray:
           index, self._shape.as_list(), counts), data=_on(device, data)))
     return shards
 
-  def block_until_ready(self):
+  def block_until_ready(self) -> ShardedArray:
     """Waits until the computation producing the array has finished.
 
     Unpacking the DTensor into its per-device tensors waits for each of
@@ -150,11 +162,11 @@ class ShardedArray:
       dtensor.unpack(self._live())
     return self
 
-  def is_deleted(self):
+  def is_deleted(self) -> bool:
     """True once the array was donated to a pmapped function."""
     return self._value is None
 
-  def delete(self):
+  def delete(self) -> None:
     """Frees the device buffers; any later use raises RuntimeError."""
     self._value = None
     self._host = None
@@ -183,7 +195,7 @@ class ShardedArray:
           f"every device all of it, a mapped axis each device its block), or "
           f"to your own tf.function as `x.dtensor_value`.")
 
-  def numpy(self):
+  def numpy(self) -> np.ndarray:
     """The array as a NumPy array (this process's part, with several)."""
     self._check_alive()
     if self._host is None:
@@ -283,18 +295,18 @@ class ShardedArray:
     self._check_alive()
     return array_ops.unary(tf.abs, self)
 
-  def astype(self, dtype):
+  def astype(self, dtype: DTypeLike) -> ShardedArray:
     """The array cast to `dtype`, on the devices."""
     self._check_alive()
     return array_ops.unary(lambda v: tf.cast(v, dtype), self)
 
   @property
-  def T(self):  # pylint: disable=invalid-name
+  def T(self) -> ShardedArray:  # pylint: disable=invalid-name
     """The array with its axes reversed, on the devices."""
     self._check_alive()
     return array_ops.unary(tf.transpose, self)
 
-  def reshape(self, *shape):
+  def reshape(self, *shape: int | Sequence[int]) -> ShardedArray:
     """The array with the axes after its mapped ones reshaped, on the devices.
 
     Each device keeps its own block: the axes up to the last one split over
@@ -345,11 +357,13 @@ class ShardedArray:
           f"{tuple(shape[kept:])}; they must hold as many elements."
       ) from None
 
-  def sum(self, axis=None, dtype=None, out=None, keepdims=False):
+  def sum(self, axis: Axes = None, dtype: DTypeLike | None = None,
+          out: None = None, keepdims: bool = False) -> ShardedArray:
     """The sum over `axis` (all axes by default), on the devices."""
     return self._reduce(tf.reduce_sum, axis, dtype, out, keepdims)
 
-  def mean(self, axis=None, dtype=None, out=None, keepdims=False):
+  def mean(self, axis: Axes = None, dtype: DTypeLike | None = None,
+           out: None = None, keepdims: bool = False) -> ShardedArray:
     """The mean over `axis` (all axes by default), on the devices.
 
     Integers give float64, as NumPy's mean (TensorFlow's would truncate).
@@ -359,10 +373,12 @@ class ShardedArray:
       dtype = tf.float64
     return self._reduce(tf.reduce_mean, axis, dtype, out, keepdims)
 
-  def max(self, axis=None, out=None, keepdims=False):
+  def max(self, axis: Axes = None, out: None = None,
+          keepdims: bool = False) -> ShardedArray:
     return self._reduce(tf.reduce_max, axis, None, out, keepdims)
 
-  def min(self, axis=None, out=None, keepdims=False):
+  def min(self, axis: Axes = None, out: None = None,
+          keepdims: bool = False) -> ShardedArray:
     return self._reduce(tf.reduce_min, axis, None, out, keepdims)
 
   def _reduce(self, reduce, axis, dtype, out, keepdims):
@@ -380,7 +396,7 @@ class ShardedArray:
       raise TypeError("len() of an unsized (0-d) ShardedArray")
     return self._shape[0]
 
-  def __iter__(self):
+  def __iter__(self) -> Iterator[tf.Tensor]:
     for i in range(len(self)):
       yield self[i]
 

@@ -6,7 +6,12 @@ collectives like a pmap axis (`psum` over it sums along the axis), inside
 or around pmaps.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Hashable
 import functools
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -46,7 +51,7 @@ class VmappedFunction:
       return self
     return functools.partial(self, instance)
 
-  def __call__(self, *args, **kwargs):
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
     if tf.inside_function():
       return self._vectorize(args, kwargs)
     # pfor builds a graph: outside one, each call structure gets a
@@ -92,7 +97,13 @@ def _traced_tensor(leaf, path):
   return tf.convert_to_tensor(arguments.to_array_leaf(leaf, path))
 
 
-def vmap(fun=None, in_axes=0, out_axes=0, axis_name=None, axis_size=None):
+def vmap(
+    fun: Callable[..., Any] | None = None,
+    in_axes: Any = 0,
+    out_axes: Any = 0,
+    axis_name: Hashable | None = None,
+    axis_size: int | None = None,
+) -> Callable[..., Any]:
   """Vectorizes `fun` over an axis of its arguments, like `jax.vmap`.
 
   `fun` is written for one slice; the result stacks its outputs along

@@ -6,6 +6,11 @@ DTensor gets that wrong, a gather (see `_exchange`). Transpose: all_to_all
 with the split and concat axes swapped.
 """
 
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
@@ -109,7 +114,8 @@ def _all_to_all_leaf(value, targets, split_axis, concat_axis, tiled,
       result_shape=shape, joint=True)
 
 
-def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False):
+def all_to_all(x: Any, axis_name: Hashable, split_axis: int, concat_axis: int,
+               *, tiled: bool = False) -> Any:
   """Splits `x` along `split_axis`, sends block i to device i, joins at `concat_axis`.
 
   Without `tiled`, `x.shape[split_axis]` must equal the axis size; the split
@@ -130,7 +136,7 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, tiled=False):
                                  "all_to_all"), x, collective="all_to_all")
 
 
-def pswapaxes(x, axis_name, axis):
+def pswapaxes(x: Any, axis_name: Hashable, axis: int) -> Any:
   """Swaps the mapped axis with the per-device axis `axis` (same size).
 
   Example:

@@ -8,6 +8,11 @@ the mesh dimension again (see docs/collectives.md for what DTensor made of
 each).
 """
 
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
@@ -135,7 +140,8 @@ def _psum_scatter_leaf(value, targets, dimension, tiled):
       result_shape=shape, joint=True)
 
 
-def all_gather(x, axis_name, *, axis=0, tiled=False):
+def all_gather(x: Any, axis_name: Hashable, *, axis: int = 0,
+               tiled: bool = False) -> Any:
   """Gathers `x` from every device of the named axis.
 
   Args:
@@ -161,7 +167,8 @@ def all_gather(x, axis_name, *, axis=0, tiled=False):
                          x, collective="all_gather")
 
 
-def psum_scatter(x, axis_name, *, scatter_dimension=0, tiled=False):
+def psum_scatter(x: Any, axis_name: Hashable, *, scatter_dimension: int = 0,
+                 tiled: bool = False) -> Any:
   """Sums `x` over the named axis and gives each device one block of the sum.
 
   Args:

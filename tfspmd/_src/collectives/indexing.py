@@ -1,11 +1,15 @@
 """axis_index and axis_size: where a device sits along named axes."""
 
+from __future__ import annotations
+
+from collections.abc import Hashable
+
 import tensorflow as tf
 
 from tfspmd._src import axis_env
 
 
-def axis_index(axis_name):
+def axis_index(axis_name: Hashable) -> tf.Tensor:
   """This device's position along the named axis, as an int32 scalar.
 
   Args:
@@ -26,7 +30,7 @@ def axis_index(axis_name):
   return tf.identity(index)
 
 
-def axis_size(axis_name):
+def axis_size(axis_name: Hashable) -> int:
   """The number of devices along the named axis (or the product for a tuple).
 
   Example:

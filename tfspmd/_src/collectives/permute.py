@@ -10,6 +10,12 @@ gathers the whole stacked value to every device. Transpose: the inverse
 permutation.
 """
 
+from __future__ import annotations
+
+from collections.abc import Hashable
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 
@@ -99,7 +105,8 @@ def _ppermute_leaf(value, targets, pairs):
       lambda cotangent: _ppermute_leaf(cotangent, targets, inverse), joint=True)
 
 
-def ppermute(x, axis_name, perm):
+def ppermute(x: Any, axis_name: Hashable,
+             perm: Sequence[tuple[int, int]]) -> Any:
   """Sends each device's `x` along the named axis as `perm` says.
 
   Args:
@@ -121,7 +128,7 @@ def ppermute(x, axis_name, perm):
                          collective="ppermute")
 
 
-def pshuffle(x, axis_name, perm):
+def pshuffle(x: Any, axis_name: Hashable, perm: Sequence[int]) -> Any:
   """Device i receives the `x` of device `perm[i]` (a full permutation).
 
   Example:

@@ -12,6 +12,11 @@ reductions are computed while tracing and come back as host values of the
 operand's type, as in JAX (see `constants`).
 """
 
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
 import tensorflow as tf
 
 from tfspmd._src import axis_env
@@ -33,7 +38,7 @@ def _psum_leaf(value, targets, function="psum"):
       transpose_step=_sum_step)
 
 
-def psum(x, axis_name):
+def psum(x: Any, axis_name: Hashable) -> Any:
   """Sums `x` over the devices of the named axis (or axes).
 
   A leaf of `x` that is a Python number (int, float or complex) or a NumPy
@@ -82,7 +87,7 @@ def psum(x, axis_name):
                          constant=lambda leaf: constants.scaled(leaf, size))
 
 
-def pmean(x, axis_name):
+def pmean(x: Any, axis_name: Hashable) -> Any:
   """Averages `x` over the devices of the named axis (or axes).
 
   Integers give floats: float64 for int64, uint32 and uint64 (so large
@@ -150,7 +155,7 @@ def _extremum(x, axis_name, function, reduce):
                          constant=lambda leaf: leaf)
 
 
-def pmax(x, axis_name):
+def pmax(x: Any, axis_name: Hashable) -> Any:
   """The elementwise maximum of `x` over the devices of the named axis (or axes).
 
   Its gradient goes to the device(s) holding the maximum, split between ties.
@@ -167,7 +172,7 @@ def pmax(x, axis_name):
   return _extremum(x, axis_name, "pmax", tf.reduce_max)
 
 
-def pmin(x, axis_name):
+def pmin(x: Any, axis_name: Hashable) -> Any:
   """The elementwise minimum of `x` over the devices of the named axis (or axes).
 
   A leaf that is a Python number or a NumPy value is returned as it is, as

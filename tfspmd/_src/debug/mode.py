@@ -5,6 +5,9 @@ pmap running in debug mode, so pmaps nested in one run in debug mode too.
 Reading it is the only cost debug mode adds to a compiled call.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterator
 import contextlib
 import threading
 
@@ -16,13 +19,13 @@ class _Flag(threading.local):
 _flag = _Flag()
 
 
-def active():
+def active() -> bool:
   """True where a pmap call, or a collective, runs in debug mode."""
   return _flag.on
 
 
 @contextlib.contextmanager
-def debug_mode():
+def debug_mode() -> Iterator[None]:
   """Runs every pmap called in the body in debug mode, as if `debug=True`.
 
   Each device's program runs eagerly in its own Python thread; see
