@@ -184,7 +184,7 @@ def global_batches(x, y, sample_weight, batch_size, remainder, model, method,
     method: 'fit', 'evaluate' or 'fit(validation_data)', for the error
       messages.
     shuffle: Whether arrays are reshuffled on every iteration of the
-      dataset (every epoch).
+      dataset (every epoch); None as True.
     class_weight: None, or a dict from class index to the weight of the
       rows of that class, which become the batches' sample weights.
 
@@ -262,8 +262,9 @@ def _is_int(value):
 def _as_dataset(x, y, sample_weight, batch_size, method, shuffle):
   """`x` if it is a dataset of global batches, else arrays batched.
 
-  Arrays are taken in order, or with `shuffle` in a new order on every
-  iteration (every epoch), as `model.fit(shuffle=True)` takes them.
+  Arrays are taken in a new order on every iteration (every epoch) with
+  `shuffle` True or None, as `model.fit(shuffle=True)` takes them, or in
+  order with `shuffle` False.
   """
   if isinstance(x, tf.data.Dataset):
     given = [name for name, value in (("y", y), ("batch_size", batch_size),
@@ -298,7 +299,7 @@ def _as_dataset(x, y, sample_weight, batch_size, method, shuffle):
         f"examples ({', '.join(f'{n}: {k}' for n, k in lengths.items())}); "
         f"they need one row per example.")
   dataset = tf.data.Dataset.from_tensor_slices(tuple(arrays.values()))
-  if shuffle:
+  if shuffle or shuffle is None:
     dataset = dataset.shuffle(lengths["x"], reshuffle_each_iteration=True)
   return dataset.batch(batch_size)
 

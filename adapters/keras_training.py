@@ -267,7 +267,7 @@ class KerasTrainer:
           callbacks: Sequence[keras.callbacks.Callback] | None = None,
           validation_split: float = 0.0,
           validation_data: Any = None,
-          shuffle: bool = False,
+          shuffle: bool | None = None,
           class_weight: dict[int, float] | None = None,
           sample_weight: Any = None,
           validation_batch_size: int | None = None,
@@ -301,9 +301,10 @@ class KerasTrainer:
         of the epochs `validation_freq` names, reported as 'val_loss' and
         'val_<metric>' in the logs and history: a tuple `(x, y)` or `(x, y,
         sample_weight)` of arrays, or a `tf.data.Dataset` of global batches.
-      shuffle: For arrays: True to take the rows in a new random order every
-        epoch (`model.fit`'s default; here the default is the given order).
-        Shuffle a dataset in its pipeline.
+      shuffle: For arrays: whether to take the rows in a new random order
+        every epoch. None (the default) does, as `model.fit`'s default
+        `shuffle=True` does; False keeps the given order. With a dataset,
+        leave it out: shuffle the rows in the pipeline.
       class_weight: A dict from class index to a weight that multiplies the
         loss of the rows of that class, as in `model.fit` (for a single
         target of class indices or one-hot rows; not with sample weights).

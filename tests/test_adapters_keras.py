@@ -62,7 +62,7 @@ def test_mlp_equals_one_device_keras_fit_after_3_epochs(optimizer,
 
   model = mlp(OPTIMIZERS[optimizer](), steps_per_execution, weights=weights)
   history = keras_training.KerasTrainer(model).fit(
-      x, y, batch_size=BATCH, epochs=3, verbose=0).history
+      x, y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0).history
 
   assert sorted(history) == sorted(expected) == ["accuracy", "loss"]
   np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
@@ -102,7 +102,8 @@ def test_steps_per_epoch_not_a_multiple_of_steps_per_execution_is_an_error():
   trainer = keras_training.KerasTrainer(mlp("sgd", steps_per_execution=4))
   with pytest.raises(ValueError, match=r"steps_per_epoch=6 must be a multiple "
                      r"of the model's steps_per_execution=4"):
-    trainer.fit(x, y, batch_size=BATCH, steps_per_epoch=6, verbose=0)
+    trainer.fit(x, y, batch_size=BATCH, steps_per_epoch=6, shuffle=False,
+                verbose=0)
 
 
 def test_evaluate_equals_keras_evaluate():
@@ -125,7 +126,8 @@ def test_callbacks_see_the_trained_model_at_each_epoch_end():
       on_epoch_end=lambda epoch, logs: seen.append(
           (epoch, logs["loss"], model.get_weights()[0].copy())))
   trainer = keras_training.KerasTrainer(model)
-  history = trainer.fit(x, y, batch_size=BATCH, epochs=2, verbose=0,
+  history = trainer.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                        verbose=0,
                         callbacks=[callback]).history
   assert [s[0] for s in seen] == [0, 1]
   assert [s[1] for s in seen] == history["loss"]
@@ -137,7 +139,8 @@ def test_batch_norm_moving_statistics_are_averaged_over_devices():
   x, y = data(seed=4)
   model = batch_norm_model()
   keras_training.KerasTrainer(model).fit(x[:BATCH], y[:BATCH],
-                                         batch_size=BATCH, epochs=1, verbose=0)
+                                         batch_size=BATCH, epochs=1,
+                                         shuffle=False, verbose=0)
   per_device = x[:BATCH].reshape(8, BATCH // 8, FEATURES)
   layer = model.layers[0]
   np.testing.assert_allclose(layer.moving_mean,
@@ -188,7 +191,7 @@ def test_a_model_reading_untracked_tf_variables_is_an_error():
                      r"reads tf.Variable\(s\) .*raw_scale"):
     keras_training.KerasTrainer(model).fit(
         np.ones((8, 2), np.float32), np.ones((8, 1), np.float32),
-        batch_size=8, verbose=0)
+        batch_size=8, shuffle=False, verbose=0)
 
 
 def test_arrays_need_y_and_batch_size():
@@ -211,7 +214,7 @@ def test_dropout_draws_a_different_mask_on_each_device():
   y = np.zeros((BATCH, 1), np.float32)
   model = model_with_dropout()
   trainer = keras_training.KerasTrainer(model)
-  trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
   trainer.sync_to_model()
 
   # Keras itself, device by device: device k's Dropout draws from the seed
@@ -247,7 +250,7 @@ def fit_both(make_callbacks, epochs=4, optimizer=lambda: keras.optimizers.SGD(
                            callbacks=make_callbacks(), **kwargs).history
   model = mlp(optimizer(), weights=weights)
   history = keras_training.KerasTrainer(model).fit(
-      x, y, batch_size=BATCH, epochs=epochs, verbose=0,
+      x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0,
       callbacks=make_callbacks(), **kwargs).history
   return model, history, reference, expected
 
@@ -323,7 +326,7 @@ def test_set_weights_after_fit_is_what_evaluate_and_fit_use():
   x, y = data(seed=5)
   model = mlp(keras.optimizers.SGD(0.1), weights=initial_weights())
   trainer = keras_training.KerasTrainer(model)
-  trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
   keras.utils.set_random_seed(9)
   other = [w + np.random.default_rng(9).standard_normal(w.shape).astype(
       w.dtype) for w in model.get_weights()]
@@ -339,7 +342,7 @@ def test_set_weights_after_fit_is_what_evaluate_and_fit_use():
   # fit goes on from the assigned weights (and the optimizer state).
   reference.optimizer.iterations.assign(model.optimizer.iterations)
   reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-  trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
   for got, want in zip(model.get_weights(), reference.get_weights()):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
@@ -350,7 +353,7 @@ def test_load_weights_after_fit_is_what_evaluate_uses(tmp_path):
   saved.save_weights(str(tmp_path / "w.weights.h5"))
   model = mlp("sgd", weights=initial_weights())
   trainer = keras_training.KerasTrainer(model)
-  trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
   model.load_weights(str(tmp_path / "w.weights.h5"))
   expected = saved.evaluate(x, y, batch_size=BATCH, verbose=0,
                             return_dict=True)
@@ -363,7 +366,7 @@ def test_a_model_compiled_again_trains_with_its_new_optimizer():
   x, y = data(seed=7)
   model = mlp("sgd", weights=initial_weights())
   trainer = keras_training.KerasTrainer(model)
-  trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
   weights = model.get_weights()
   model.compile(optimizer=keras.optimizers.Adam(0.01),
                 loss=keras.losses.SparseCategoricalCrossentropy(
@@ -371,7 +374,8 @@ def test_a_model_compiled_again_trains_with_its_new_optimizer():
   reference = mlp(keras.optimizers.Adam(0.01), weights=weights)
   expected = reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False,
                            verbose=0).history
-  history = trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0).history
+  history = trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False,
+                        verbose=0).history
   np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
   for got, want in zip(model.get_weights(), reference.get_weights()):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -432,7 +436,8 @@ def test_padding_rows_are_left_out_of_batch_norm_statistics():
   reference.fit(x, y, batch_size=20, epochs=1, shuffle=False, verbose=0)
   model = batch_norm_model()
   keras_training.KerasTrainer(model).fit(x, y, batch_size=20, epochs=1,
-                                         verbose=0, remainder="pad")
+                                         shuffle=False, verbose=0,
+                                         remainder="pad")
   layer = model.layers[0]
   np.testing.assert_allclose(layer.moving_mean,
                              reference.layers[0].moving_mean, rtol=1e-5)
@@ -509,7 +514,7 @@ def test_string_inputs_are_an_error_naming_the_input():
 def test_a_state_unlike_the_models_is_an_error(change, error, match):
   x, y = data()
   trainer = keras_training.KerasTrainer(mlp("sgd"))
-  trainer.fit(x, y, batch_size=BATCH, verbose=0)
+  trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
   state = tuple(list(part) for part in trainer.state)
   with pytest.raises(error, match=match):
     trainer.state = change(state)
@@ -519,7 +524,7 @@ def test_an_assigned_state_is_written_into_the_model():
   x, y = data()
   model = mlp("sgd", weights=initial_weights())
   trainer = keras_training.KerasTrainer(model)
-  trainer.fit(x, y, batch_size=BATCH, verbose=0)
+  trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
   state = tuple(list(part) for part in trainer.state)
   zeros = np.zeros((FEATURES, 16), np.float32)
   trainer.state = ([zeros] + state[0][1:],) + state[1:]

@@ -68,7 +68,7 @@ def test_validation_data_arrays_give_keras_val_logs():
   model = mlp()
   history = keras_training.KerasTrainer(model).fit(
       x, y, batch_size=BATCH, epochs=2, validation_data=(x_val, y_val, w_val),
-      validation_batch_size=8, verbose=0).history
+      validation_batch_size=8, shuffle=False, verbose=0).history
   assert sorted(history) == ["accuracy", "loss", "val_accuracy", "val_loss"]
   assert_same_run(model, history, reference, expected)
 
@@ -85,7 +85,7 @@ def test_validation_dataset_every_second_epoch_as_keras():
   model = mlp()
   history = keras_training.KerasTrainer(model).fit(
       x, y, batch_size=BATCH, epochs=4, validation_data=validation(),
-      validation_freq=2, verbose=0).history
+      validation_freq=2, shuffle=False, verbose=0).history
   assert len(history["loss"]) == 4 and len(history["val_loss"]) == 2
   assert_same_run(model, history, reference, expected)
 
@@ -98,7 +98,8 @@ def test_validation_split_takes_the_last_rows_as_keras():
                            validation_split=0.25, verbose=0).history
   model = mlp()
   history = keras_training.KerasTrainer(model).fit(
-      x, y, batch_size=BATCH, epochs=2, validation_split=0.25, verbose=0,
+      x, y, batch_size=BATCH, epochs=2, validation_split=0.25, shuffle=False,
+      verbose=0,
       remainder="pad").history
   assert_same_run(model, history, reference, expected)
   # The split is Keras' own: evaluating the last 24 rows gives val_loss.
@@ -131,7 +132,7 @@ def test_class_weight_equals_keras_fit():
   model = mlp()
   history = keras_training.KerasTrainer(model).fit(
       x, y, batch_size=BATCH, epochs=2, class_weight=class_weight,
-      verbose=0).history
+      shuffle=False, verbose=0).history
   assert_same_run(model, history, reference, expected)
 
 
@@ -169,16 +170,29 @@ def test_shuffle_false_takes_the_rows_in_order_as_keras_shuffle_false():
   assert_same_run(model, history, reference, expected)
 
 
-def test_shuffle_gives_every_epoch_a_new_order_of_all_rows():
+@pytest.mark.parametrize("shuffle", [True, None])  # None: fit's default
+def test_shuffle_gives_every_epoch_a_new_order_of_all_rows(shuffle):
   rows = np.arange(EXAMPLES, dtype=np.float32)[:, None]
   dataset = _keras_inputs.global_batches(
-      rows, rows, None, BATCH, "error", mlp(metrics=()), "fit", shuffle=True)
+      rows, rows, None, BATCH, "error", mlp(metrics=()), "fit",
+      shuffle=shuffle)
   epochs = [np.concatenate([x.numpy()[:, 0] for x, _ in dataset])
             for _ in range(2)]
   for order in epochs:
     np.testing.assert_array_equal(np.sort(order), rows[:, 0])
     assert not np.array_equal(order, rows[:, 0])
   assert not np.array_equal(epochs[0], epochs[1])
+
+
+def test_fit_shuffles_arrays_by_default_as_keras_fit_does():
+  x, y = data(seed=7)
+  ordered, default = mlp(), mlp()
+  default.set_weights(ordered.get_weights())
+  keras_training.KerasTrainer(ordered).fit(x, y, batch_size=BATCH, epochs=2,
+                                           shuffle=False, verbose=0)
+  keras_training.KerasTrainer(default).fit(x, y, batch_size=BATCH, epochs=2,
+                                           verbose=0)
+  assert not np.allclose(default.get_weights()[0], ordered.get_weights()[0])
 
 
 def test_shuffled_training_differs_from_ordered_and_ends_close_to_keras():
@@ -189,7 +203,7 @@ def test_shuffled_training_differs_from_ordered_and_ends_close_to_keras():
                        verbose=0).history
   ordered = mlp()
   keras_training.KerasTrainer(ordered).fit(x, y, batch_size=BATCH, epochs=3,
-                                           verbose=0)
+                                           shuffle=False, verbose=0)
   model = mlp()
   history = keras_training.KerasTrainer(model).fit(
       x, y, batch_size=BATCH, epochs=3, shuffle=True, verbose=0).history
@@ -252,7 +266,7 @@ def test_predict_after_fit_uses_the_trained_weights():
   x, y = data(seed=11)
   model = mlp()
   trainer = keras_training.KerasTrainer(model)
-  trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
   np.testing.assert_allclose(trainer.predict(x, batch_size=BATCH),
                              model.predict(x, batch_size=BATCH, verbose=0),
                              rtol=1e-5, atol=1e-6)
@@ -279,7 +293,8 @@ def test_mixed_precision_trains_close_to_keras_fit(mixed_policy):
   expected = reference.fit(x, y, shuffle=False, **arguments).history
   model = mlp(keras.optimizers.Adam(0.01))
   assert model.layers[0].compute_dtype == mixed_policy[len("mixed_"):]
-  history = keras_training.KerasTrainer(model).fit(x, y, **arguments).history
+  history = keras_training.KerasTrainer(model).fit(x, y, shuffle=False,
+                                                   **arguments).history
   # Half-precision activations, rounded differently by the devices'
   # per-row programs: float16 keeps 11 significant bits, bfloat16 8.
   rtol, atol = {"mixed_float16": (2e-2, 2e-3),
@@ -311,7 +326,7 @@ def test_loss_scale_skips_overflowing_steps_and_grows_as_keras(mixed_policy):
                            verbose=0).history
   model = model_with_loss_scale()
   history = keras_training.KerasTrainer(model).fit(
-      x, y, batch_size=BATCH, epochs=2, verbose=0).history
+      x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
   assert_same_run(model, history, reference, expected, rtol=2e-2, atol=2e-3)
   scale = float(model.optimizer.dynamic_scale.numpy())
   assert scale == float(reference.optimizer.dynamic_scale.numpy())
@@ -351,8 +366,10 @@ def test_a_custom_test_step_is_an_error_in_evaluate_and_validation():
     trainer.evaluate(x, y, batch_size=BATCH)
   with pytest.raises(ValueError, match=r"KerasTrainer.fit: CustomTestStep "
                      r"overrides test_step"):
-    trainer.fit(x, y, batch_size=BATCH, validation_split=0.5, verbose=0)
-  trainer.fit(x, y, batch_size=BATCH, verbose=0)  # fit alone runs
+    trainer.fit(x, y, batch_size=BATCH, validation_split=0.5, shuffle=False,
+                verbose=0)
+  trainer.fit(x, y, batch_size=BATCH, shuffle=False,
+              verbose=0)  # fit alone runs
 
 
 def test_a_custom_predict_step_is_an_error_in_predict():
