@@ -1,6 +1,7 @@
-"""DTensor meshes: one mesh dimension per pmap nesting level, built once and cached."""
+"""DTensor meshes: one mesh dimension per mapped axis, built once and cached."""
 
 import functools
+import re
 
 import numpy as np
 from tensorflow.experimental import dtensor
@@ -17,6 +18,26 @@ def mesh_dim_name(depth):
   every input of an op on the same mesh.
   """
   return f"axis_{depth}"
+
+
+# DTensor passes layouts as text: these words have a meaning there, and
+# other characters break its parser ("," and "|" crash the process, " " and
+# "=" fail; TF 2.21).
+_RESERVED_DIM_NAMES = frozenset(("unsharded", "any", "match"))
+_DIM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+
+
+def dim_name_problem(name):
+  """Why `name` cannot name a DTensor mesh dimension, or None if it can."""
+  if not isinstance(name, str):
+    return f"it is a {type(name).__name__}, not a str"
+  if name in _RESERVED_DIM_NAMES:
+    return ("DTensor reserves it in layouts (with 'unsharded', 'any' and "
+            "'match')")
+  if not _DIM_NAME.fullmatch(name):
+    return ("DTensor takes only letters, digits, '_', '-' and '.' (not "
+            "first) in a mesh dimension name")
+  return None
 
 
 @functools.lru_cache(maxsize=256)

@@ -133,6 +133,18 @@ def pack_global_array(array, placement):
   return dtensor.pack(components, placement.layout)
 
 
+def renamed(placement, mesh_key):
+  """`placement` on `mesh_key`, the same devices and shape under other names.
+
+  A shard_map's mesh dimensions have the mesh's axis names and a pmap's are
+  named by depth: over the same devices, a block lies on the device at the
+  same position of either mesh.
+  """
+  rename = dict(zip(placement.mesh_key[0], mesh_key[0]))
+  return Placement(mesh_key, tuple(None if dim is None else rename[dim]
+                                   for dim in placement.spec))
+
+
 def repack(value, placement):
   """Moves a DTensor's per-device components onto `placement`'s layout.
 
