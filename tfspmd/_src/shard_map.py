@@ -290,16 +290,27 @@ def shard_map(f=None, *, mesh, in_specs, out_specs, check_vma=True):
       name gives every device along it the same block.
     out_specs: A `tfspmd.P` per output (or a tree prefix): how the blocks
       form the global result. An output must be the same along every mesh
-      axis its spec leaves out; that is checked.
-    check_vma: Accepted for JAX compatibility; tfspmd always checks.
+      axis its spec leaves out.
+    check_vma: If True, an output that varies along a mesh axis its out
+      spec leaves out is an error at trace time. If False, it is not
+      checked, and, as in JAX, the result holds the block of the first
+      device along each such axis (position 0 there), the others' dropped.
 
   Returns:
-    A function of global arrays returning global arrays (`ShardedArray`s
-    whose `dtensor_value` is split as `out_specs` say). While a
-    GradientTape records, it returns `tf.Tensor`s the tape follows; as in
-    JAX, the gradient of an input the same along a mesh axis is the sum of
-    its devices' gradients over that axis, and an output the same along one
-    counts once.
+    A function of global arrays returning global arrays: `ShardedArray`s
+    whose `dtensor_value` lies on `mesh.dtensor_mesh` (whose dimensions have
+    the mesh's axis names), laid out as `out_specs` say:
+    `P('data', None)` gives `dtensor.Layout(['data', dtensor.UNSHARDED],
+    mesh.dtensor_mesh)`. A dimension split over several axes
+    (`P(('data', 'model'))`) has the right values, but a DTensor layout
+    splits a dimension over one mesh dimension, so its layout splits it over
+    the first (`'data'`) only: each device holds the block of its `'data'`
+    position, the blocks of every `'model'` position in it. DTensor inputs
+    on `mesh.dtensor_mesh` laid out as `in_specs` say are used as they are.
+    While a GradientTape records, it returns `tf.Tensor`s the tape follows;
+    as in JAX, the gradient of an input the same along a mesh axis is the
+    sum of its devices' gradients over that axis, and an output the same
+    along one counts once.
 
   Example:
     >>> import numpy as np, tfspmd
@@ -315,6 +326,10 @@ def shard_map(f=None, *, mesh, in_specs, out_specs, check_vma=True):
      [22.]
      [38.]
      [54.]]
+    >>> from tensorflow.experimental import dtensor
+    >>> layout = dtensor.Layout(['data', dtensor.UNSHARDED], mesh.dtensor_mesh)
+    >>> dtensor.fetch_layout(g(x).dtensor_value) == layout
+    True
   """
   if f is None:
     return functools.partial(shard_map, mesh=mesh, in_specs=in_specs,
