@@ -285,7 +285,8 @@ def test_results_lie_on_the_mesh_as_the_out_specs_say(mesh):
         pieces[k], x.T[3 * m:3 * m + 3, 4 * d:4 * d + 4] + 1, rtol=1e-6)
 
 
-def test_a_shard_map_result_and_a_pmap_result_on_the_same_devices_add():
+def test_a_shard_map_result_and_a_pmap_result_on_the_same_devices_add(
+    request):
   line = tfspmd.make_mesh((8,), ("x",))
   x = data(8, 3)
   mapped = tfspmd.shard_map(lambda b: b * 2, mesh=line, in_specs=P("x"),
@@ -298,9 +299,13 @@ def test_a_shard_map_result_and_a_pmap_result_on_the_same_devices_add():
   # Either goes into the other's kind of map.
   np.testing.assert_allclose(tfspmd.pmap(lambda row: row * row)(mapped),
                              (x * 2) ** 2, rtol=1e-6)
-  np.testing.assert_allclose(
-      tfspmd.shard_map(lambda b: -b, mesh=line, in_specs=P("x"),
-                       out_specs=P("x"))(pmapped), -(x + 1), rtol=1e-6)
+  negate = tfspmd.shard_map(lambda b: -b, mesh=line, in_specs=P("x"),
+                            out_specs=P("x"))
+  np.testing.assert_allclose(negate(pmapped), -(x + 1), rtol=1e-6)
+  # Each device keeps its block: no relayout, no trip through the host.
+  calls = request.getfixturevalue("calls")
+  negate(pmapped)
+  assert calls == {"relayout": 0, "pack": 1}
 
 
 def test_mesh_axis_names_dtensor_cannot_take_name_its_dimensions_by_position():

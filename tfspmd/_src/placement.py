@@ -145,6 +145,18 @@ def renamed(placement, mesh_key):
                                    for dim in placement.spec))
 
 
+def renamed_layout(layout, mesh):
+  """`layout` on `mesh`, or None unless the meshes differ only in dim names."""
+  source = layout.mesh
+  if (source.shape() != mesh.shape() or
+      source.local_devices() != mesh.local_devices() or
+      not np.array_equal(source.global_device_ids(), mesh.global_device_ids())):
+    return None
+  rename = dict(zip(source.dim_names, mesh.dim_names))
+  return dtensor.Layout([rename.get(spec, spec)
+                         for spec in layout.sharding_specs], mesh)
+
+
 def repack(value, placement):
   """Moves a DTensor's per-device components onto `placement`'s layout.
 
