@@ -319,6 +319,19 @@ def test_mesh_axis_names_dtensor_cannot_take_name_its_dimensions_by_position():
   assert sharding(out) == ["axis_0", "unsharded"]
 
 
+def test_a_pmap_inside_takes_a_free_dimension_name_beside_the_mesh_axes():
+  # The pmap at depth 2 would be named axis_2, the name of a mesh axis here.
+  grid = tfspmd.make_mesh((2, 2), ("axis_2", "b"), devices=tfspmd.devices()[:4])
+  x = np.arange(12.).reshape(4, 3)
+
+  def f(block):  # one row per device; the inner pmap maps over it
+    return tfspmd.pmap(lambda row: lax.psum(row, "axis_2"), "inner")(block)
+
+  out = tfspmd.shard_map(f, mesh=grid, in_specs=P(("axis_2", "b")),
+                         out_specs=P(("axis_2", "b")))(x)
+  np.testing.assert_array_equal(out, np.tile(x.reshape(2, 2, 3).sum(0), (2, 1)))
+
+
 def positions_times_ten(block):
   """10 * the block, plus 100 * its 'a' position and its 'b' position."""
   offset = 100 * lax.axis_index("a") + lax.axis_index("b")

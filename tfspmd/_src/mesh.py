@@ -15,7 +15,9 @@ def mesh_dim_name(depth):
   Named by depth, not by the user's axis name, so pmaps with other axis
   names over the same devices share one mesh: their results go into each
   other with no copy, also inside a user's tf.function, where DTensor needs
-  every input of an op on the same mesh.
+  every input of an op on the same mesh. A shard_map's axes are named as
+  its `Mesh` names them instead (`Mesh.dim_names`), so that DTensor code
+  lays data out on `Mesh.dtensor_mesh` with the user's names.
   """
   return f"axis_{depth}"
 
