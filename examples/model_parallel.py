@@ -137,8 +137,7 @@ def dtensor_program(x, w1, w2):
 
 def on_mesh(array, *names):
   """`array` as a DTensor on MESH, split over the mesh dimensions named."""
-  dims = ["axis_0" if n == "data" else "axis_1" if n == "model" else
-          dtensor.UNSHARDED for n in names]
+  dims = [dtensor.UNSHARDED if n is None else n for n in names]
   whole = dtensor.copy_to_mesh(
       tf.constant(array), dtensor.Layout.replicated(MESH.dtensor_mesh,
                                                     array.ndim))

@@ -983,6 +983,14 @@ def _():
   tfspmd.make_mesh((4, 4), ("a", "b"))
 
 
+@case("mesh-dtensor-mesh-axis-name", SHARD_MAP,
+      "the DTensor mesh of a mesh whose axis name DTensor cannot take",
+      ValueError, r"Mesh.dtensor_mesh: the axis name 'a b' cannot name a "
+      r"DTensor mesh dimension: DTensor takes only letters, digits")
+def _():
+  return tfspmd.make_mesh((2, 4), ("a b", "model")).dtensor_mesh
+
+
 # --- several processes: what one process can show (the rest below) ------------
 
 INIT = tfspmd.distributed.initialize

@@ -35,8 +35,9 @@ def test_make_mesh_and_mesh_attributes(mesh):
   assert mesh.size == 8
   assert mesh.devices.shape == (2, 4)
   assert tuple(mesh.devices.flat) == tuple(tfspmd.devices())
-  assert mesh.dtensor_mesh.dim_names == ["axis_0", "axis_1"]
+  assert mesh.dtensor_mesh.dim_names == ["data", "model"]
   assert mesh.dtensor_mesh.shape() == [2, 4]
+  assert mesh.dim_names == ("data", "model")
   same = tfspmd.Mesh(np.array(tfspmd.devices()).reshape(2, 4), ("data", "model"))
   assert same == mesh
   assert P is tfspmd.PartitionSpec
@@ -50,7 +51,7 @@ def test_elementwise_on_1d_and_2d_meshes(mesh):
                          out_specs=P("i"))(x)
   assert out.shape == (8, 12)
   np.testing.assert_allclose(out, x * 2 + 1, rtol=1e-6)
-  assert sharding(out) == ["axis_0", "unsharded"]
+  assert sharding(out) == ["i", "unsharded"]
 
   def block_shape_and_exp(b):
     assert b.shape == (4, 3)
@@ -60,14 +61,14 @@ def test_elementwise_on_1d_and_2d_meshes(mesh):
                          in_specs=P("data", "model"),
                          out_specs=P("data", "model"))(x)
   np.testing.assert_allclose(out, np.exp(x), rtol=1e-6)
-  assert sharding(out) == ["axis_0", "axis_1"]
+  assert sharding(out) == ["data", "model"]
 
 
 @pytest.mark.parametrize("spec, split", [
-    (P("model"), ["axis_1", "unsharded"]),
-    (P(None, "model"), ["unsharded", "axis_1"]),
-    (P("data"), ["axis_0", "unsharded"]),
-    (P("model", "data"), ["axis_1", "axis_0"]),
+    (P("model"), ["model", "unsharded"]),
+    (P(None, "model"), ["unsharded", "model"]),
+    (P("data"), ["data", "unsharded"]),
+    (P("model", "data"), ["model", "data"]),
 ], ids=str)
 def test_an_output_split_over_any_mesh_axis_stays_split(mesh, spec, split):
   x = data(8, 8)
@@ -88,7 +89,7 @@ def test_matmul_with_the_contracting_dimension_split(mesh):
 
   out = matmul_psum(a, b)
   np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
-  assert sharding(out) == ["axis_0", "unsharded"]
+  assert sharding(out) == ["data", "unsharded"]
 
   @functools.partial(tfspmd.shard_map, mesh=mesh,
                      in_specs=(P("data", "model"), P("model", None)),
@@ -98,7 +99,7 @@ def test_matmul_with_the_contracting_dimension_split(mesh):
 
   out = matmul_scatter(a, b)
   np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
-  assert sharding(out) == ["axis_0", "axis_1"]
+  assert sharding(out) == ["data", "model"]
 
 
 def test_all_gather_to_a_replicated_output_and_a_replicated_input(mesh):
@@ -186,7 +187,7 @@ def test_gradients_around_and_inside(mesh):
 
 def split_over(mesh, x):
   """`x` (8, 12) as a DTensor split (data, model) over the 2 x 4 mesh."""
-  layout = dtensor.Layout(["axis_0", "axis_1"], mesh.dtensor_mesh)
+  layout = dtensor.Layout(["data", "model"], mesh.dtensor_mesh)
   return dtensor.pack(
       [x[4 * (k // 4):4 * (k // 4) + 4, 3 * (k % 4):3 * (k % 4) + 3]
        for k in range(8)], layout), layout
@@ -227,11 +228,158 @@ def test_inside_a_users_tf_function_between_dtensor_ops(mesh):
     return row_sums(tf.nn.relu(v)) * 2.
 
   out = program(placed)
-  assert list(dtensor.fetch_layout(out).sharding_specs) == ["axis_0", "unsharded"]
+  assert dtensor.fetch_layout(out) == dtensor.Layout(
+      ["data", dtensor.UNSHARDED], mesh.dtensor_mesh)
   expected = 2 * np.maximum(x, 0).sum(1, keepdims=True)
   pieces = dtensor.unpack(out)
   np.testing.assert_allclose(pieces[0], expected[:4], rtol=1e-5)
   np.testing.assert_allclose(pieces[4], expected[4:], rtol=1e-5)
+
+
+@pytest.fixture(name="calls")
+def fixture_calls(monkeypatch):
+  """Counts the DTensor relayouts and packs made from here on."""
+  counts = {"relayout": 0, "pack": 0}
+  for name in counts:
+    original = getattr(dtensor, name)
+
+    def counted(*args, _name=name, _original=original, **kwargs):
+      counts[_name] += 1
+      return _original(*args, **kwargs)
+
+    monkeypatch.setattr(dtensor, name, counted)
+  return counts
+
+
+def test_a_dtensor_laid_out_with_the_mesh_axis_names_goes_through_as_it_is(
+    request):
+  line = tfspmd.make_mesh((8,), ("x",))
+  layout = dtensor.Layout(["x", dtensor.UNSHARDED], line.dtensor_mesh)
+  x = data(16, 3)
+  placed = dtensor.pack([x[2 * k:2 * k + 2] for k in range(8)], layout)
+  double = tfspmd.shard_map(lambda b: b * 2, mesh=line, in_specs=P("x"),
+                            out_specs=P("x"))
+  double(placed)  # traced here; the call below runs the program only
+  calls = request.getfixturevalue("calls")
+  out = double(placed)
+  assert calls == {"relayout": 0, "pack": 0}
+  assert dtensor.fetch_layout(out.dtensor_value) == layout
+  pieces = dtensor.unpack(out.dtensor_value)
+  for k in range(8):
+    np.testing.assert_array_equal(pieces[k], x[2 * k:2 * k + 2] * 2)
+
+
+def test_results_lie_on_the_mesh_as_the_out_specs_say(mesh):
+  x = data(8, 12)
+  transpose = tfspmd.shard_map(lambda b: tf.transpose(b) + 1, mesh=mesh,
+                               in_specs=P("data", "model"),
+                               out_specs=P("model", "data"))
+  out = transpose(x)
+  np.testing.assert_allclose(out, x.T + 1, rtol=1e-6)
+  assert dtensor.fetch_layout(out.dtensor_value) == dtensor.Layout(
+      ["model", "data"], mesh.dtensor_mesh)
+  pieces = dtensor.unpack(out.dtensor_value)
+  for k in range(8):  # device k is data k // 4, model k % 4
+    d, m = divmod(k, 4)
+    np.testing.assert_allclose(
+        pieces[k], x.T[3 * m:3 * m + 3, 4 * d:4 * d + 4] + 1, rtol=1e-6)
+
+
+def test_a_shard_map_result_and_a_pmap_result_on_the_same_devices_add(
+    request):
+  line = tfspmd.make_mesh((8,), ("x",))
+  x = data(8, 3)
+  mapped = tfspmd.shard_map(lambda b: b * 2, mesh=line, in_specs=P("x"),
+                            out_specs=P("x"))(x)
+  pmapped = tfspmd.pmap(lambda row: row + 1)(x)
+  total = mapped + pmapped
+  np.testing.assert_allclose(total, x * 3 + 1, rtol=1e-6)
+  assert total.placement.spec == ("x", None)
+  np.testing.assert_allclose(pmapped - mapped, 1 - x, rtol=1e-6)
+  # Either goes into the other's kind of map.
+  np.testing.assert_allclose(tfspmd.pmap(lambda row: row * row)(mapped),
+                             (x * 2) ** 2, rtol=1e-6)
+  negate = tfspmd.shard_map(lambda b: -b, mesh=line, in_specs=P("x"),
+                            out_specs=P("x"))
+  np.testing.assert_allclose(negate(pmapped), -(x + 1), rtol=1e-6)
+  # Each device keeps its block: no relayout, no trip through the host.
+  calls = request.getfixturevalue("calls")
+  negate(pmapped)
+  assert calls == {"relayout": 0, "pack": 1}
+
+
+def test_mesh_axis_names_dtensor_cannot_take_name_its_dimensions_by_position():
+  mesh = tfspmd.make_mesh((2, 4), (0, "model"))
+  assert mesh.dim_names == ("axis_0", "axis_1")
+  x = data(8, 4)
+  out = tfspmd.shard_map(lambda b: lax.psum(b, "model"), mesh=mesh,
+                         in_specs=P(0, "model"), out_specs=P(0))(x)
+  expected = x.reshape(8, 4, 1).sum(1)
+  np.testing.assert_allclose(out, expected, rtol=1e-5)
+  assert sharding(out) == ["axis_0", "unsharded"]
+
+
+def test_a_pmap_inside_takes_a_free_dimension_name_beside_the_mesh_axes():
+  # The pmap at depth 2 would be named axis_2, the name of a mesh axis here.
+  grid = tfspmd.make_mesh((2, 2), ("axis_2", "b"), devices=tfspmd.devices()[:4])
+  x = np.arange(12.).reshape(4, 3)
+
+  def f(block):  # one row per device; the inner pmap maps over it
+    return tfspmd.pmap(lambda row: lax.psum(row, "axis_2"), "inner")(block)
+
+  out = tfspmd.shard_map(f, mesh=grid, in_specs=P(("axis_2", "b")),
+                         out_specs=P(("axis_2", "b")))(x)
+  np.testing.assert_array_equal(out, np.tile(x.reshape(2, 2, 3).sum(0), (2, 1)))
+
+
+def positions_times_ten(block):
+  """10 * the block, plus 100 * its 'a' position and its 'b' position."""
+  offset = 100 * lax.axis_index("a") + lax.axis_index("b")
+  return block * 10 + tf.cast(offset, block.dtype)
+
+
+@pytest.mark.parametrize("out_spec", [P("a"), P(None, "b")], ids=str)
+def test_check_vma_false_takes_the_first_devices_block_along_an_axis_left_out(
+    out_spec):
+  grid = tfspmd.make_mesh((2, 4), ("a", "b"))
+  x = np.arange(32.).reshape(8, 4)
+  out = tfspmd.shard_map(positions_times_ten, mesh=grid,
+                         in_specs=P("a", "b"), out_specs=out_spec,
+                         check_vma=False)(x)
+  rows, cols = np.meshgrid(np.arange(8), np.arange(4), indexing="ij")
+  whole = x * 10 + 100 * (rows // 4) + cols  # every device's block, in place
+  if out_spec == P("a"):
+    expected = whole[:, :1]  # the blocks of b = 0, one per a
+  else:
+    expected = whole[:4]  # the blocks of a = 0, one per b
+  np.testing.assert_array_equal(out, expected)
+  with pytest.raises(ValueError, match="varies along the mesh axis"):
+    tfspmd.shard_map(positions_times_ten, mesh=grid, in_specs=P("a", "b"),
+                     out_specs=out_spec)(x)
+
+
+def test_check_vma_false_keeps_an_output_that_is_the_same_along_the_axis(mesh):
+  x = data(8, 4)
+  out = tfspmd.shard_map(lambda b: lax.psum(b, "model"), mesh=mesh,
+                         in_specs=P("data", "model"), out_specs=P("data"),
+                         check_vma=False)(x)
+  np.testing.assert_allclose(out, x.reshape(8, 4, 1).sum(1), rtol=1e-5)
+
+
+def test_a_dimension_split_over_two_axes_lies_split_over_the_first(mesh):
+  x = data(16, 3)
+  out = tfspmd.shard_map(lambda b: b + 1, mesh=mesh,
+                         in_specs=P(("data", "model")),
+                         out_specs=P(("data", "model")))(x)
+  np.testing.assert_allclose(out, x + 1, rtol=1e-6)
+  # One DTensor layout splits a dimension over one mesh dimension: each
+  # device holds the block of its 'data' position, every block of 'model'.
+  assert dtensor.fetch_layout(out.dtensor_value) == dtensor.Layout(
+      ["data", dtensor.UNSHARDED], mesh.dtensor_mesh)
+  pieces = dtensor.unpack(out.dtensor_value)
+  for k in range(8):
+    d = k // 4
+    np.testing.assert_allclose(pieces[k], x[8 * d:8 * d + 8] + 1, rtol=1e-6)
 
 
 def test_python_numbers_take_tensorflow_dtypes_and_inputs_may_be_results(mesh):

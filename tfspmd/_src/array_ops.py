@@ -22,14 +22,20 @@ from tfspmd._src.config import config
 def _operand(value, like):
   """`value` as a DTensor on the mesh of the ShardedArray `like`."""
   if isinstance(value, type(like)):
-    if value.placement.mesh_key != like.placement.mesh_key:
-      raise ValueError(
-          f"ShardedArray arithmetic needs both arrays on the same devices; "
-          f"one lies on a mesh of {len(like.placement.devices)} devices "
-          f"({like.placement.mesh_key[1]}), the other on "
-          f"{len(value.placement.devices)} ({value.placement.mesh_key[1]}). "
-          f"Fetch one with np.asarray first.")
-    return value.dtensor_value
+    mesh_key = like.placement.mesh_key
+    if value.placement.mesh_key == mesh_key:
+      return value.dtensor_value
+    if value.placement.mesh_key[1:] == mesh_key[1:]:
+      # Other dimension names only (a shard_map's result and a pmap's):
+      # each device keeps its blocks, now on `like`'s mesh.
+      return placement_lib.repack(
+          value.dtensor_value, placement_lib.renamed(value.placement, mesh_key))
+    raise ValueError(
+        f"ShardedArray arithmetic needs both arrays on the same devices; "
+        f"one lies on a mesh of {len(like.placement.devices)} devices "
+        f"({like.placement.mesh_key[1]}), the other on "
+        f"{len(value.placement.devices)} ({value.placement.mesh_key[1]}). "
+        f"Fetch one with np.asarray first.")
   if isinstance(value, tf.Tensor) and dtensor.is_dtensor(value):
     return value
   if (isinstance(value, (bool, int, float, complex)) and

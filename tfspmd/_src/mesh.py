@@ -1,6 +1,7 @@
-"""DTensor meshes: one mesh dimension per pmap nesting level, built once and cached."""
+"""DTensor meshes: one mesh dimension per mapped axis, built once and cached."""
 
 import functools
+import re
 
 import numpy as np
 from tensorflow.experimental import dtensor
@@ -14,9 +15,31 @@ def mesh_dim_name(depth):
   Named by depth, not by the user's axis name, so pmaps with other axis
   names over the same devices share one mesh: their results go into each
   other with no copy, also inside a user's tf.function, where DTensor needs
-  every input of an op on the same mesh.
+  every input of an op on the same mesh. A shard_map's axes are named as
+  its `Mesh` names them instead (`Mesh.dim_names`), so that DTensor code
+  lays data out on `Mesh.dtensor_mesh` with the user's names.
   """
   return f"axis_{depth}"
+
+
+# DTensor passes layouts as text: these words have a meaning there, and
+# other characters break its parser ("," and "|" crash the process, " " and
+# "=" fail; TF 2.21).
+_RESERVED_DIM_NAMES = frozenset(("unsharded", "any", "match"))
+_DIM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+
+
+def dim_name_problem(name):
+  """Why `name` cannot name a DTensor mesh dimension, or None if it can."""
+  if not isinstance(name, str):
+    return f"it is a {type(name).__name__}, not a str"
+  if name in _RESERVED_DIM_NAMES:
+    return ("DTensor reserves it in layouts (with 'unsharded', 'any' and "
+            "'match')")
+  if not _DIM_NAME.fullmatch(name):
+    return ("DTensor takes only letters, digits, '_', '-' and '.' (not "
+            "first) in a mesh dimension name")
+  return None
 
 
 @functools.lru_cache(maxsize=256)

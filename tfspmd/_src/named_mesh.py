@@ -3,8 +3,8 @@
 A `Mesh` arranges devices in an array whose axes have names, as JAX's
 `jax.sharding.Mesh`; a `PartitionSpec` says, for each dimension of an
 array, which mesh axes split it. The DTensor mesh a `Mesh` stands for has
-one dimension per axis, named by position (`axis_0`, `axis_1`, ...) as
-pmap's meshes are, so shard_map's results and pmap's share meshes.
+one dimension per axis, named as the axis is, so DTensor code lays data out
+on it with the names shard_map's specs use.
 """
 
 from __future__ import annotations
@@ -114,15 +114,49 @@ class Mesh:
     return self._devices
 
   @property
+  def dim_names(self) -> tuple[Hashable, ...]:
+    """The DTensor mesh dimension of each axis, in axis order.
+
+    The axis names, when DTensor takes each of them (`dtensor_mesh`);
+    otherwise `axis_0`, `axis_1`, ... by position, for every axis.
+    """
+    if any(mesh_lib.dim_name_problem(name) for name in self._axis_names):
+      return tuple(mesh_lib.mesh_dim_name(k)
+                   for k in range(self._devices.ndim))
+    return self._axis_names
+
+  @property
   def mesh_key(self) -> tuple[tuple[str, ...], tuple[int, ...],
                               tuple[devices_lib.Device, ...]]:
     """`(dim names, sizes, devices)`: the arguments of `mesh.mesh_for_axes`."""
-    return (tuple(mesh_lib.mesh_dim_name(k) for k in range(self._devices.ndim)),
-            tuple(self._devices.shape), tuple(self._devices.flat))
+    return (self.dim_names, tuple(self._devices.shape),
+            tuple(self._devices.flat))
 
   @property
   def dtensor_mesh(self) -> dtensor.Mesh:
-    """The `tf.experimental.dtensor.Mesh` of the same devices and shape."""
+    """The `tf.experimental.dtensor.Mesh` of the same devices and shape.
+
+    Its dimensions have the mesh's axis names, so
+    `dtensor.Layout(['data', dtensor.UNSHARDED], mesh.dtensor_mesh)` splits
+    a value as `P('data', None)` does, and shard_map's programs run on this
+    very mesh: DTensors laid out on it go in and come out with no copy.
+
+    Raises:
+      ValueError: If an axis name cannot name a DTensor mesh dimension: a
+        name that is not a str, is 'unsharded', 'any' or 'match', or holds a
+        character other than letters, digits, '_', '-' and '.'. shard_map
+        still runs over such a mesh, on a DTensor mesh whose dimensions are
+        named `axis_0`, `axis_1`, ... (its results' `dtensor_value` lie
+        there).
+    """
+    for name in self._axis_names:
+      problem = mesh_lib.dim_name_problem(name)
+      if problem is not None:
+        raise ValueError(
+            f"Mesh.dtensor_mesh: the axis name {name!r} cannot name a DTensor "
+            f"mesh dimension: {problem}. Name the mesh's axes with such "
+            f"strings (tfspmd.make_mesh(shape, ('data', 'model'))) to lay "
+            f"out DTensors on it.")
     return mesh_lib.mesh_for_axes(*self.mesh_key)
 
   def __eq__(self, other: object) -> bool:

@@ -133,6 +133,30 @@ def pack_global_array(array, placement):
   return dtensor.pack(components, placement.layout)
 
 
+def renamed(placement, mesh_key):
+  """`placement` on `mesh_key`, the same devices and shape under other names.
+
+  A shard_map's mesh dimensions have the mesh's axis names and a pmap's are
+  named by depth: over the same devices, a block lies on the device at the
+  same position of either mesh.
+  """
+  rename = dict(zip(placement.mesh_key[0], mesh_key[0]))
+  return Placement(mesh_key, tuple(None if dim is None else rename[dim]
+                                   for dim in placement.spec))
+
+
+def renamed_layout(layout, mesh):
+  """`layout` on `mesh`, or None unless the meshes differ only in dim names."""
+  source = layout.mesh
+  if (source.shape() != mesh.shape() or
+      source.local_devices() != mesh.local_devices() or
+      not np.array_equal(source.global_device_ids(), mesh.global_device_ids())):
+    return None
+  rename = dict(zip(source.dim_names, mesh.dim_names))
+  return dtensor.Layout([rename.get(spec, spec)
+                         for spec in layout.sharding_specs], mesh)
+
+
 def repack(value, placement):
   """Moves a DTensor's per-device components onto `placement`'s layout.
 

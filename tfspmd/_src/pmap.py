@@ -44,11 +44,10 @@ class PmappedFunction:
 
   def __init__(self, fun, axis_name, in_axes, out_axes,
                static_broadcasted_argnums, devices, backend, axis_size,
-               donate_argnums, steps, debug=False, mesh_devices=None):
+               donate_argnums, steps, debug=False, level=None):
     self._options = pmap_options.checked_options(
         fun, axis_name, in_axes, out_axes, static_broadcasted_argnums,
-        devices, backend, axis_size, donate_argnums, steps, debug,
-        mesh_devices)
+        devices, backend, axis_size, donate_argnums, steps, debug, level)
     self._programs = lru.LRUCache(lru.TRACE_CACHE_SIZE)
     self._vjps = lru.LRUCache(lru.TRACE_CACHE_SIZE)
     functools.update_wrapper(self, fun, updated=())
@@ -110,7 +109,7 @@ class PmappedFunction:
         return PmappedFunction(fun, options.axis_name, in_axes, out_axes, (),
                                options.devices, options.backend,
                                options.args.axis_size, (), None,
-                               mesh_devices=options.whole_mesh_devices)
+                               level=options.level)
       vjp = pmap_gradient.VjpProgram(
           make_pmap, options.fun, call.rebuilder(), call.in_axes,
           program.output_axes, program.trainable_variables,

@@ -39,7 +39,8 @@ def call(options, args, kwargs):
   shapes = [tuple(v.shape) for v in values]
   axes, size = options.args.axes_and_size(bound.in_axes, shapes, paths)
   depth = sum(1 for frame in axis_env.frames() if frame.mesh_dim is not None)
-  mesh_dim = _register_nested_axis(state, options.axis_name, size, depth)
+  mesh_dim = _register_nested_axis(state, options.axis_name, size, depth,
+                                   options.mesh_dim)
 
   for value, axis in zip(values, axes):
     origin = state.origins.get(id(value))
@@ -51,7 +52,8 @@ def call(options, args, kwargs):
   result = vectorize.map_over_axis(
       options.fun, frame_template=(options.axis_name, size, mesh_dim),
       inputs=values, in_axes=axes, rebuild_args=bound.rebuilder(),
-      out_axes=options.out_axes, on_slice=state.slice_tracker(values, axes))
+      out_axes=options.out_axes, on_slice=state.slice_tracker(values, axes),
+      check_invariant=options.check_invariant)
   for value, axis, per_device in zip(result.values, result.out_axes,
                                      result.per_device):
     if axis is not None:
@@ -60,8 +62,12 @@ def call(options, args, kwargs):
   return result.treedef.unflatten(result.values)
 
 
-def _register_nested_axis(state, axis_name, size, depth):
-  """Adds the mesh dimension of a nested pmap at `depth`, or reuses it."""
+def _register_nested_axis(state, axis_name, size, depth, mesh_dim):
+  """Adds the mesh dimension of a nested pmap at `depth`, or reuses it.
+
+  A shard_map names the dimension of each of its axes (`mesh_dim`); other
+  pmaps take `axis_<depth>`, or another name if a shard_map's axis has it.
+  """
   if depth < len(state.mesh_axes):
     _, known_size, dim = state.mesh_axes[depth]
     if known_size != size:
@@ -88,6 +94,9 @@ def _register_nested_axis(state, axis_name, size, depth):
           f"at least {inner} devices, or map the inner axis with tfspmd.vmap "
           f"(its collectives stay on the device).")
     raise ValueError(message)
-  dim = mesh_lib.mesh_dim_name(depth)
+  taken = {dim for _, _, dim in state.mesh_axes}
+  dim = mesh_dim or mesh_lib.mesh_dim_name(depth)
+  while dim in taken:
+    dim = "_" + dim
   state.mesh_axes.append((axis_name, size, dim))
   return dim

@@ -28,8 +28,8 @@ class PmapOptions:
     backend: The backend asked for, or None.
     donate_argnums: Positions of donated arguments.
     debug: Whether the pmap runs in debug mode.
-    whole_mesh_devices: For shard_map's outermost level, the devices of the
-      whole nested mesh; None otherwise.
+    level: For the pmap of a shard_map's mesh axis, its `ShardMapLevel`;
+      None for a plain pmap.
   """
   fun: object
   axis_name: object
@@ -40,7 +40,17 @@ class PmapOptions:
   backend: object
   donate_argnums: tuple
   debug: bool
-  whole_mesh_devices: object
+  level: object
+
+  @property
+  def mesh_dim(self):
+    """The mesh dimension a shard_map gives this axis, or None (by depth)."""
+    return None if self.level is None else self.level.mesh_dim
+
+  @property
+  def check_invariant(self):
+    """Whether an out_axes=None output that varies along the axis raises."""
+    return self.level is None or self.level.check_invariant
 
   def process_share(self):
     """`(local, total)`: this process maps over `local / total` of the axis."""
@@ -56,8 +66,8 @@ class PmapOptions:
     Without `devices=`, each process maps over its first devices
     (`mesh.mesh_key` picks them), as many in every process.
     """
-    if self.whole_mesh_devices is not None:
-      return self.whole_mesh_devices
+    if self.level is not None and self.level.devices is not None:
+      return self.level.devices
     if self.devices is not None:
       local = [d for d in self.devices
                if d.process_index == devices_lib.process_index()]
@@ -79,9 +89,28 @@ class PmapOptions:
     return devices_lib.devices(self.backend)
 
 
+@dataclasses.dataclass(frozen=True)
+class ShardMapLevel:
+  """What a shard_map asks of the pmap of one of its mesh axes.
+
+  Attributes:
+    mesh_dim: The DTensor mesh dimension of the axis (`Mesh.dim_names`),
+      instead of one named by nesting depth, so the program runs on the
+      `Mesh`'s own DTensor mesh.
+    devices: For the outermost axis, the devices of the whole mesh; None
+      for the others.
+    check_invariant: Whether an output with out_axes=None that varies along
+      the axis is an error (`check_vma=True`); if not, it takes the value of
+      the axis's first device.
+  """
+  mesh_dim: str
+  devices: object
+  check_invariant: bool
+
+
 def checked_options(fun, axis_name, in_axes, out_axes,
                     static_broadcasted_argnums, devices, backend, axis_size,
-                    donate_argnums, steps, debug, mesh_devices):
+                    donate_argnums, steps, debug, level):
   """`PmapOptions` from `pmap`'s arguments, or the error naming the bad one."""
   if not callable(fun):
     raise TypeError(f"pmap: `fun` must be callable, got {fun!r}.")
@@ -111,7 +140,7 @@ def checked_options(fun, axis_name, in_axes, out_axes,
       backend=backend,
       donate_argnums=donated,
       debug=debug,
-      whole_mesh_devices=mesh_devices)
+      level=level)
 
 
 def _argnums(value, name):

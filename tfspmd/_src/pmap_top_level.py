@@ -107,6 +107,12 @@ def _place(value, placement):
 def _relayout_dtensor(value, placement):
   """A DTensor argument (from a user's tf.function) on `placement`."""
   layout = dtensor.fetch_layout(value)
+  if layout.mesh != placement.mesh:
+    renamed = placement_lib.renamed_layout(layout, placement.mesh)
+    if renamed is not None:
+      # A shard_map's mesh and a pmap's over the same devices: each device
+      # keeps its blocks.
+      value, layout = dtensor.pack(dtensor.unpack(value), renamed), renamed
   if layout == placement.layout:
     return value
   if layout.mesh == placement.mesh:

@@ -114,7 +114,7 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
   shapes = [shape if axis is None else
             shape[:axis] + (size,) + shape[axis + 1:]
             for shape, axis in zip(shapes, axes)]
-  top_dim = mesh_lib.mesh_dim_name(0)
+  top_dim = options.mesh_dim or mesh_lib.mesh_dim_name(0)
   state = axis_env.TraceState(
       mesh_axes=[(options.axis_name, size, top_dim)],
       max_devices=len(devices) if options.devices is None else size,
@@ -137,7 +137,7 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
         result = vectorize.map_over_axis(
             options.fun, frame_template=frame_template, inputs=list(inputs),
             in_axes=axes, rebuild_args=rebuild, out_axes=options.out_axes,
-            on_slice=on_slice)
+            on_slice=on_slice, check_invariant=options.check_invariant)
       else:
         result = steps_lib.map_steps(
             options.fun, options.steps, frame_template=frame_template,

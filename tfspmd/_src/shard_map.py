@@ -12,11 +12,13 @@ size 8 split over 'data' of size 2 becomes [2, 4]); the pmap of each mesh
 axis maps over that axis (or broadcasts the input along a mesh axis its
 spec does not name), so `f` sees the blocks. The results come back the
 same way and are reshaped into the global arrays, whose DTensors are split
-over the mesh dimensions the out specs name. An output whose spec leaves a
-mesh axis out must be the same along it: that pmap returns it with
-out_axes=None, which checks it. A GradientTape around the call records it
-with its own VJP, a shard_map of `f`'s per-device VJP
-(`shard_map_gradient`).
+over the mesh dimensions the out specs name. Each pmap's mesh dimension is
+named as the mesh names its axis (`Mesh.dim_names`), so the program runs on
+`mesh.dtensor_mesh` itself. An output whose spec leaves a mesh axis out
+must be the same along it: that pmap returns it with out_axes=None, which
+checks it (with `check_vma=False` it takes the first device's instead). A
+GradientTape around the call records it with its own VJP, a shard_map of
+`f`'s per-device VJP (`shard_map_gradient`).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from tfspmd._src import arguments
 from tfspmd._src import array_ops
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
-from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import pmap as pmap_lib
+from tfspmd._src import pmap_options
 from tfspmd._src import shard_map_gradient
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
@@ -138,22 +140,23 @@ def _expand_input(value, spec, mesh, path):
   return tf.reshape(value, shape)
 
 
-def _join_output(value, spec, axis_names):
+def _join_output(value, spec, mesh):
   """The global array of the expanded result `value`.
 
   A ShardedArray gives a ShardedArray split as `spec` says (over the first
-  mesh axis it names for a dimension); a tensor (what pmap returns inside a
-  user's tf.function while a GradientTape records) gives a tensor, which
-  the tape can follow.
+  mesh axis it names for a dimension: a DTensor layout splits a dimension
+  over one mesh dimension); a tensor (what pmap returns inside a user's
+  tf.function while a GradientTape records) gives a tensor, which the tape
+  can follow.
   """
+  dim_of = dict(zip(mesh.axis_names, mesh.dim_names))
   shape = value.shape.as_list()
   named = sum(len(spec.axes_of(d)) for d in range(len(spec)))
   merged, split, position = [], [], 0
   for dimension in range(len(shape) - named):
     axes = spec.axes_of(dimension)
     merged.append(math.prod(shape[position:position + len(axes) + 1]))
-    split.append(mesh_lib.mesh_dim_name(axis_names.index(axes[0])) if axes
-                 else dtensor.UNSHARDED)
+    split.append(dim_of[axes[0]] if axes else dtensor.UNSHARDED)
     position += len(axes) + 1
   if not isinstance(value, ShardedArray):
     return tf.reshape(value, merged)
@@ -188,6 +191,7 @@ class ShardMappedFunction:
     self._mesh = mesh
     self._in_specs = in_specs
     self._out_specs = out_specs
+    self._check_vma = check_vma
     self._mapped = self._nest(0)
     self._gradients = shard_map_gradient.Gradients(
         lambda f, in_specs, out_specs: ShardMappedFunction(
@@ -207,7 +211,10 @@ class ShardMappedFunction:
     return pmap_lib.PmappedFunction(
         self._nest(level + 1), names[level], in_axes, out_axes, (),
         None, None, self._mesh.shape[names[level]], (), None,
-        mesh_devices=tuple(self._mesh.devices.flat) if level == 0 else None)
+        level=pmap_options.ShardMapLevel(
+            mesh_dim=self._mesh.dim_names[level],
+            devices=tuple(self._mesh.devices.flat) if level == 0 else None,
+            check_invariant=self._check_vma))
 
   def _per_device(self, *blocks):
     result = self._fun(*blocks)
@@ -269,7 +276,7 @@ class ShardMappedFunction:
     out_specs = [_as_spec(spec) for spec in tree.broadcast_prefix(
         self._out_specs, result, spec_name="out_specs", root="output",
         is_spec_leaf=_is_spec)]
-    return ([_join_output(leaf, spec, self._mesh.axis_names)
+    return ([_join_output(leaf, spec, self._mesh)
              for leaf, spec in zip(out_leaves, out_specs)],
             out_treedef, out_specs)
 
@@ -293,16 +300,27 @@ def shard_map(
       name gives every device along it the same block.
     out_specs: A `tfspmd.P` per output (or a tree prefix): how the blocks
       form the global result. An output must be the same along every mesh
-      axis its spec leaves out; that is checked.
-    check_vma: Accepted for JAX compatibility; tfspmd always checks.
+      axis its spec leaves out.
+    check_vma: If True, an output that varies along a mesh axis its out
+      spec leaves out is an error at trace time. If False, it is not
+      checked, and, as in JAX, the result holds the block of the first
+      device along each such axis (position 0 there), the others' dropped.
 
   Returns:
-    A function of global arrays returning global arrays (`ShardedArray`s
-    whose `dtensor_value` is split as `out_specs` say). While a
-    GradientTape records, it returns `tf.Tensor`s the tape follows; as in
-    JAX, the gradient of an input the same along a mesh axis is the sum of
-    its devices' gradients over that axis, and an output the same along one
-    counts once.
+    A function of global arrays returning global arrays: `ShardedArray`s
+    whose `dtensor_value` lies on `mesh.dtensor_mesh` (whose dimensions have
+    the mesh's axis names), laid out as `out_specs` say:
+    `P('data', None)` gives `dtensor.Layout(['data', dtensor.UNSHARDED],
+    mesh.dtensor_mesh)`. A dimension split over several axes
+    (`P(('data', 'model'))`) has the right values, but a DTensor layout
+    splits a dimension over one mesh dimension, so its layout splits it over
+    the first (`'data'`) only: each device holds the block of its `'data'`
+    position, the blocks of every `'model'` position in it. DTensor inputs
+    on `mesh.dtensor_mesh` laid out as `in_specs` say are used as they are.
+    While a GradientTape records, it returns `tf.Tensor`s the tape follows;
+    as in JAX, the gradient of an input the same along a mesh axis is the
+    sum of its devices' gradients over that axis, and an output the same
+    along one counts once.
 
   Example:
     >>> import numpy as np, tfspmd
@@ -318,6 +336,10 @@ def shard_map(
      [22.]
      [38.]
      [54.]]
+    >>> from tensorflow.experimental import dtensor
+    >>> layout = dtensor.Layout(['data', dtensor.UNSHARDED], mesh.dtensor_mesh)
+    >>> dtensor.fetch_layout(g(x).dtensor_value) == layout
+    True
   """
   if f is None:
     return functools.partial(shard_map, mesh=mesh, in_specs=in_specs,

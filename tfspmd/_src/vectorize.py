@@ -42,7 +42,7 @@ class MappedResult:
 
 
 def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
-                  out_axes, on_slice=None):
+                  out_axes, on_slice=None, check_invariant=True):
   """Traces `fun` once per position of one axis, vectorized by pfor.
 
   Args:
@@ -54,6 +54,9 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
     out_axes: The out_axes spec (a tree prefix of the output).
     on_slice: Optional `on_slice(leaf, per_device_tensor, index)` called for
       each mapped input's per-device slice (nested pmaps track origins).
+    check_invariant: Whether an output with out_axes None that varies along
+      the axis raises; if not, it takes the value of position 0 (shard_map's
+      `check_vma=False`).
 
   Returns:
     A `MappedResult`.
@@ -109,7 +112,7 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       raise
     raise _unvectorizable_error(*found, axis_name) from None
   unmappable = [k for k in varying if traced["specs"][k] is None]
-  if unmappable:
+  if unmappable and check_invariant:
     k = unmappable[0]
     error = ValueError(
         f"out_axes=None for {traced['paths'][k]}, but that output varies "
@@ -122,8 +125,10 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
     raise error
   values = []
   for k, spec in enumerate(traced["specs"]):
-    if spec is None:
+    if spec is None and k in invariant:
       values.append(invariant[k])
+    elif spec is None:
+      values.append(tf.gather(stacked[k], 0))
     elif k in invariant:
       values.append(stacking.repeat_along_new_axis(invariant[k], spec, size))
     else:

@@ -129,7 +129,8 @@ def _run(pmapped, chains, axes, rebuild, values, watch_variables=False):
   variables = {}
   for result in results:
     variables.update((id(v), v) for v in result.variables)
-  return (_assemble(results, chains, pmapped._options.axis_name),
+  return (_assemble(results, chains, pmapped._options.axis_name,
+                    pmapped._options.check_invariant),
           results[0].specs,
           list(variables.values()))
 
@@ -155,8 +156,13 @@ def _bound(chain):
     yield
 
 
-def _assemble(results, chains, axis_name):
-  """Stacks the devices' outputs along their out axes, as the compiled path."""
+def _assemble(results, chains, axis_name, check_invariant):
+  """Stacks the devices' outputs along their out axes, as the compiled path.
+
+  An output with out_axes None must be the same on every device; without
+  `check_invariant` (shard_map's `check_vma=False`) it is the first
+  device's.
+  """
   devices = [session_lib.describe(chain) for chain in chains]
   first = results[0]
   for device, result in zip(devices[1:], results[1:]):
@@ -173,7 +179,8 @@ def _assemble(results, chains, axis_name):
       values.append(tf.stack(per_device, axis=spec))
       continue
     # Bitwise, so that NaNs compare equal.
-    if len({value.numpy().tobytes() for value in per_device}) > 1:
+    if check_invariant and len(
+        {value.numpy().tobytes() for value in per_device}) > 1:
       raise ValueError(
           f"out_axes=None for {path}, but that output varies across the "
           f"devices of axis {axis_name!r}: out_axes=None returns one value, "
