@@ -167,7 +167,8 @@ def _fields(nodetype, data_fields, meta_fields, drop_fields):
     if not dataclasses.is_dataclass(nodetype):
       raise TypeError(
           f"register_dataclass: data_fields and meta_fields are needed when "
-          f"nodetype is not a dataclass; got nodetype={nodetype!r}.")
+          f"nodetype is not a dataclass; got nodetype="
+          f"{getattr(nodetype, '__qualname__', nodetype)!r}.")
     fields = dataclasses.fields(nodetype)
     data_fields = [f.name for f in fields if not f.metadata.get("static")]
     meta_fields = [f.name for f in fields if f.metadata.get("static")]
