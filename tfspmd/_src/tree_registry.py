@@ -8,7 +8,8 @@ optree user's trees.
 
 import dataclasses
 import operator
-from typing import Any, Callable, Hashable, Iterable, Optional, Sequence, Tuple, Type, TypeVar
+from typing import (Any, Callable, Hashable, Iterable, Optional, Sequence,
+                    Tuple, Type, TypeVar)
 
 import optree
 
