@@ -1,10 +1,12 @@
 """The public API carries type annotations, as the shipped `py.typed` promises.
 
 Every public callable (each name of `tfspmd.__all__`, of `tfspmd.lax`, of
-`tfspmd.distributed`, and of the public modules of `tfspmd.adapters`) has
-every parameter and its return annotated, and `typing.get_type_hints`
-resolves the annotations. For a class, that holds for its constructor and its
-public methods and properties.
+`tfspmd.distributed`, `tfspmd.tree_util` and `tfspmd.tree`, and of the public
+modules of `tfspmd.adapters`) has every parameter and its return annotated,
+and `typing.get_type_hints` resolves the annotations. For a class, that holds
+for its constructor and its public methods and properties. Type aliases
+(`tree_util.KeyPath`) and another library's classes re-exported as they are
+(optree's `PyTreeDef`) have nothing of tfspmd's to check.
 """
 
 import importlib
@@ -58,12 +60,24 @@ def _class_callables(cls, qualname):
   return found
 
 
+def _is_type_alias(value):
+  """A name for a type, such as `tree_util.KeyPath`: nothing to call."""
+  return value is typing.Any or typing.get_origin(value) is not None
+
+
+def _defined_elsewhere(value):
+  """A class another library defines and annotates (optree's `PyTreeDef`)."""
+  return inspect.isclass(value) and not value.__module__.startswith("tfspmd")
+
+
 def _walk(module, seen):
   """`(qualified name, object)` of every public callable under `module`."""
   found = []
   for name in _public_names(module):
     value = getattr(module, name)
     qualname = f"{module.__name__}.{name}"
+    if _is_type_alias(value) or _defined_elsewhere(value):
+      continue
     if isinstance(value, types.ModuleType):
       if value.__name__ not in seen:
         seen.add(value.__name__)
@@ -95,6 +109,9 @@ def test_the_walk_covers_the_api():
                    "tfspmd.distributed.initialize",
                    "tfspmd.ShardedArray.reshape", "tfspmd.Mesh.shape.fget",
                    "tfspmd.config.update",
+                   "tfspmd.tree_util.tree_map",
+                   "tfspmd.tree_util.register_dataclass",
+                   "tfspmd.tree_util.DictKey.__init__", "tfspmd.tree.map",
                    "tfspmd.adapters.tf_data.device_batches",
                    "tfspmd.adapters.checkpoint.restore",
                    "tfspmd.adapters.keras_training.KerasTrainer.fit"):

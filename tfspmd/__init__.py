@@ -21,6 +21,8 @@ _devices.configure_from_environment()
 # pylint: disable=g-import-not-at-top,useless-import-alias
 from tfspmd import distributed as distributed
 from tfspmd import lax as lax
+from tfspmd import tree as tree
+from tfspmd import tree_util as tree_util
 from tfspmd._src.config import config as config
 from tfspmd._src.debug.mode import debug_mode as debug_mode
 from tfspmd._src.devices import Device as Device
@@ -62,5 +64,7 @@ __all__ = [
     "process_index",
     "set_num_cpu_devices",
     "shard_map",
+    "tree",
+    "tree_util",
     "vmap",
 ]

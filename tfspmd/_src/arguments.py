@@ -3,6 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
+from tfspmd._src import tree
 from tfspmd._src.config import config
 from tfspmd._src.sharded_array import ShardedArray
 
@@ -17,28 +18,27 @@ def is_axis_spec(value):
 
 
 def check_axis_spec_tree(spec, name):
-  """Checks that `spec` is an axis, None, or a container of those.
+  """Checks that `spec` is an axis, None, or a pytree of those.
+
+  The containers are those of argument trees, registered nodes included, so
+  an in_axes prefix can be a registered node holding axes.
 
   Raises:
     TypeError: Naming the first leaf that is neither an int nor None.
   """
-  if isinstance(spec, bool):
-    raise TypeError(
-        f"{name} must be an int, None, or a container of those; got the bool "
-        f"{spec!r} (bools are not axes).")
-  if is_axis_spec(spec):
-    return
-  if isinstance(spec, (tuple, list)):
-    for child in spec:
-      check_axis_spec_tree(child, name)
-    return
-  if isinstance(spec, dict):
-    for child in spec.values():
-      check_axis_spec_tree(child, name)
-    return
-  raise TypeError(
-      f"{name} must be an int, None, or a (nested) tuple/list/dict of those; "
-      f"got {type(spec).__name__} {spec!r}.")
+  for leaf in tree.flatten(spec, is_leaf=_is_none)[0]:
+    if isinstance(leaf, bool):
+      raise TypeError(
+          f"{name} must be an int, None, or a container of those; got the "
+          f"bool {leaf!r} (bools are not axes).")
+    if not is_axis_spec(leaf):
+      raise TypeError(
+          f"{name} must be an int, None, or a (nested) tuple/list/dict of "
+          f"those; got {type(leaf).__name__} {leaf!r}.")
+
+
+def _is_none(value):
+  return value is None
 
 
 def normalize_axis(axis, rank, *, spec_name, path, what="argument"):

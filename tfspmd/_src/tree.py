@@ -1,145 +1,90 @@
-"""Pytrees: flattening, rebuilding and matching axis specs as tree prefixes.
+"""Pytrees: flattening, rebuilding, leaf paths, axis specs as tree prefixes.
 
-The containers are tf.nest's: tuple, list, dict (keys in sorted order),
-namedtuple; None is an empty container, as in JAX. Anything else is a leaf.
-A `TreeDef` is hashable, so it can be part of a trace-cache key.
+The trees are optree's with JAX's rules: tuple, list, dict (keys in sorted
+order), OrderedDict (in insertion order), defaultdict, namedtuple and the
+nodes registered with `tfspmd.tree_util` are containers; None is an empty
+container; anything else (a tensor, a ShardedArray, an array, a number) is a
+leaf. A treedef is optree's `PyTreeSpec`: hashable, so it can be part of a
+trace-cache key, with `unflatten(leaves)` and `num_leaves`.
 """
 
 import collections
 
+import optree
 
-def _is_namedtuple(value):
-  return isinstance(value, tuple) and hasattr(type(value), "_fields")
+from tfspmd._src import tree_keys
 
+# tfspmd's nodes live in their own optree namespace, so that registering one
+# changes no other optree user's trees (Keras's, for one).
+NAMESPACE = "tfspmd"
 
-class TreeDef:
-  """The shape of a pytree without its leaves; hashable and comparable."""
-
-  __slots__ = ("kind", "meta", "children", "num_leaves", "_hash")
-
-  def __init__(self, kind, meta, children):
-    self.kind = kind
-    self.meta = meta
-    self.children = children
-    if kind == "leaf":
-      self.num_leaves = 1
-    else:
-      self.num_leaves = sum(child.num_leaves for child in children)
-    self._hash = hash((kind, meta, children))
-
-  def __hash__(self):
-    return self._hash
-
-  def __eq__(self, other):
-    return (isinstance(other, TreeDef) and self._hash == other._hash and
-            self.kind == other.kind and self.meta == other.meta and
-            self.children == other.children)
-
-  def __repr__(self):
-    if self.kind == "leaf":
-      return "*"
-    if self.kind == "none":
-      return "None"
-    inner = ", ".join(repr(child) for child in self.children)
-    if self.kind == "dict":
-      inner = ", ".join(f"{key!r}: {child!r}"
-                        for key, child in zip(self.meta, self.children))
-      return "{" + inner + "}"
-    if self.kind == "list":
-      return "[" + inner + "]"
-    if self.kind == "namedtuple":
-      return f"{self.meta.__name__}({inner})"
-    return "(" + inner + ("," if len(self.children) == 1 else "") + ")"
-
-  def unflatten(self, leaves):
-    """Rebuilds the tree from `leaves` (in flatten order)."""
-    iterator = iter(leaves)
-    tree = self._build(iterator)
-    return tree
-
-  def _build(self, leaves):
-    if self.kind == "leaf":
-      return next(leaves)
-    if self.kind == "none":
-      return None
-    values = [child._build(leaves) for child in self.children]  # pylint: disable=protected-access
-    if self.kind == "tuple":
-      return tuple(values)
-    if self.kind == "list":
-      return values
-    if self.kind == "namedtuple":
-      return self.meta(*values)
-    return dict(zip(self.meta, values))
+# Per treedef seen: each leaf's key path and that path printed, made once (a
+# walk that also checks that its dict keys sort). Bounded: a program that
+# makes ever-new structures must not grow it forever.
+_PATHS = {}
+_PATHS_SIZE = 1024
 
 
-LEAF = TreeDef("leaf", None, ())
+def flatten(tree, is_leaf=None):
+  """Returns `(leaves, treedef)` of `tree`.
+
+  Raises:
+    TypeError: If a dict's keys cannot be sorted (as JAX, which sorts them).
+  """
+  leaves, treedef = optree.tree_flatten(tree, is_leaf, namespace=NAMESPACE)
+  _paths(treedef)
+  return leaves, treedef
 
 
-def _sorted_keys(mapping, path):
+def key_paths(treedef):
+  """The key path (a tuple of keys) of each leaf of `treedef`, in order."""
+  return _paths(treedef)[0]
+
+
+def _paths(treedef):
+  found = _PATHS.get(treedef)
+  if found is None:
+    paths = []
+    _collect_key_paths(treedef, (), paths)
+    if len(_PATHS) >= _PATHS_SIZE:
+      _PATHS.clear()
+    found = _PATHS[treedef] = (
+        tuple(paths), tuple(tree_keys.keystr(path) for path in paths))
+  return found
+
+
+def _collect_key_paths(treedef, path, found):
+  kind = treedef.kind
+  if kind == optree.PyTreeKind.LEAF:
+    found.append(path)
+    return
+  entries = treedef.entries()
+  if kind in (optree.PyTreeKind.DICT, optree.PyTreeKind.DEFAULTDICT):
+    _check_sortable(entries, path)
+  keys = tree_keys.child_keys(kind, treedef.type, entries)
+  for key, child in zip(keys, treedef.children()):
+    _collect_key_paths(child, path + (key,), found)
+
+
+def _check_sortable(keys, path):
   try:
-    return tuple(sorted(mapping))
+    sorted(keys)
   except TypeError:
+    where = tree_keys.keystr(path) or "the top level"
     raise TypeError(
-        f"dict at {path or 'the top level'} has keys that cannot be sorted "
-        f"({list(mapping)!r}); pytree dicts need sortable keys.") from None
-
-
-def flatten(tree):
-  """Returns `(leaves, treedef)` of `tree`."""
-  leaves = []
-  return leaves, _flatten_into(tree, leaves, "")
-
-
-def _flatten_into(tree, leaves, path):
-  if tree is None:
-    return TreeDef("none", None, ())
-  kind = _kind(tree)
-  if kind == "leaf":
-    leaves.append(tree)
-    return LEAF
-  if kind == "dict":
-    keys = _sorted_keys(tree, path)
-    children = tuple(_flatten_into(tree[key], leaves, f"{path}[{key!r}]")
-                     for key in keys)
-    return TreeDef("dict", keys, children)
-  children = tuple(_flatten_into(child, leaves, f"{path}[{i}]")
-                   for i, child in enumerate(tree))
-  meta = type(tree) if kind == "namedtuple" else None
-  return TreeDef(kind, meta, children)
-
-
-def _kind(tree):
-  if isinstance(tree, tuple):
-    return "namedtuple" if _is_namedtuple(tree) else "tuple"
-  if isinstance(tree, list):
-    return "list"
-  if isinstance(tree, (dict, collections.abc.Mapping)):
-    return "dict"
-  return "leaf"
+        f"dict at {where} has keys that cannot be sorted ({list(keys)!r}); "
+        f"pytree dicts need sortable keys.") from None
 
 
 def leaf_paths(tree, root):
   """The path of each leaf of `tree`, in flatten order, e.g. `args[0]['w']`."""
-  paths = []
-  _collect_paths(tree, root, paths)
-  return paths
+  return [root + text for text in _paths(flatten(tree)[1])[1]]
 
 
-def _collect_paths(tree, path, paths):
-  if tree is None:
-    return
-  kind = _kind(tree)
-  if kind == "leaf":
-    paths.append(path)
-  elif kind == "dict":
-    for key in _sorted_keys(tree, path):
-      _collect_paths(tree[key], f"{path}[{key!r}]", paths)
-  elif kind == "namedtuple":
-    for field, child in zip(tree._fields, tree):
-      _collect_paths(child, f"{path}.{field}", paths)
-  else:
-    for i, child in enumerate(tree):
-      _collect_paths(child, f"{path}[{i}]", paths)
+def describe(treedef):
+  """`treedef` as messages show it: `{'a': *, 'b': (*, *)}`."""
+  text = repr(treedef)[len("PyTreeSpec("):-1]
+  return text.removesuffix(f", namespace={NAMESPACE!r}")
 
 
 def broadcast_prefix(prefix, tree, *, spec_name, root, is_spec_leaf):
@@ -148,6 +93,7 @@ def broadcast_prefix(prefix, tree, *, spec_name, root, is_spec_leaf):
   Args:
     prefix: A spec (for which `is_spec_leaf` is true) or a container of the
       same kind as `tree` at that level, holding prefixes of its children.
+      Tuples and lists stand for each other, as do the kinds of dict.
     tree: The pytree the specs describe.
     spec_name: The argument's name for error messages ('in_axes').
     root: The name of `tree` for error messages ('args').
@@ -159,39 +105,58 @@ def broadcast_prefix(prefix, tree, *, spec_name, root, is_spec_leaf):
   Raises:
     ValueError: If `prefix` is not a tree prefix of `tree`.
   """
+  treedef = flatten(tree)[1]
   specs = []
-  _broadcast_into(prefix, tree, specs, spec_name, root, is_spec_leaf)
+  _broadcast_into(prefix, treedef, specs, spec_name, root, is_spec_leaf)
   return specs
 
 
-def _broadcast_into(prefix, tree, specs, spec_name, path, is_spec_leaf):
+def _broadcast_into(prefix, treedef, specs, spec_name, path, is_spec_leaf):
   if is_spec_leaf(prefix):
-    specs.extend([prefix] * len(flatten(tree)[0]))
+    specs.extend([prefix] * treedef.num_leaves)
     return
-  if tree is None:
+  kind = treedef.kind
+  if kind == optree.PyTreeKind.NONE:
     return
-  tree_kind, prefix_kind = _kind(tree), _kind(prefix)
-  same_kind = (tree_kind == prefix_kind or
-               {tree_kind, prefix_kind} <= {"tuple", "list", "namedtuple"})
-  if tree_kind == "leaf" or not same_kind:
+  if not _same_kind(prefix, treedef):
     raise ValueError(
         f"{spec_name} specification must be a tree prefix of the corresponding "
         f"value, got specification {prefix!r} for value tree "
-        f"{flatten(tree)[1]!r} at {path}.")
-  if tree_kind == "dict":
-    tree_keys, prefix_keys = _sorted_keys(tree, path), _sorted_keys(prefix, path)
-    if tree_keys != prefix_keys:
+        f"{describe(treedef)} at {path}.")
+  entries = treedef.entries()
+  keys = tree_keys.child_keys(kind, treedef.type, entries)
+  if kind in tree_keys.DICT_KINDS:
+    if set(prefix) != set(entries):
       raise ValueError(
-          f"{spec_name} specification at {path} has keys {list(prefix_keys)}, "
-          f"but the value there has keys {list(tree_keys)}.")
-    for key in tree_keys:
-      _broadcast_into(prefix[key], tree[key], specs, spec_name,
-                      f"{path}[{key!r}]", is_spec_leaf)
-    return
-  if len(prefix) != len(tree):
+          f"{spec_name} specification at {path} has keys "
+          f"{_listed(prefix)}, but the value there has keys "
+          f"{_listed(entries)}.")
+    children = [prefix[key] for key in entries]
+  elif kind == optree.PyTreeKind.CUSTOM:
+    children = optree.tree_flatten_one_level(
+        prefix, namespace=NAMESPACE).children
+  else:
+    children = prefix
+  if len(children) != len(entries):
     raise ValueError(
-        f"{spec_name} specification at {path} has {len(prefix)} entries, but "
-        f"the value there has {len(tree)}: {prefix!r}.")
-  for i, (sub_prefix, child) in enumerate(zip(prefix, tree)):
-    _broadcast_into(sub_prefix, child, specs, spec_name, f"{path}[{i}]",
+        f"{spec_name} specification at {path} has {len(children)} entries, "
+        f"but the value there has {len(entries)}: {prefix!r}.")
+  for sub_prefix, child, key in zip(children, treedef.children(), keys):
+    _broadcast_into(sub_prefix, child, specs, spec_name, f"{path}{key}",
                     is_spec_leaf)
+
+
+def _same_kind(prefix, treedef):
+  kind = treedef.kind
+  if kind in tree_keys.DICT_KINDS:
+    return isinstance(prefix, collections.abc.Mapping)
+  if kind == optree.PyTreeKind.CUSTOM:
+    return type(prefix) is treedef.type  # pylint: disable=unidiomatic-typecheck
+  return kind != optree.PyTreeKind.LEAF and isinstance(prefix, (tuple, list))
+
+
+def _listed(keys):
+  try:
+    return sorted(keys)
+  except TypeError:
+    return list(keys)

@@ -38,8 +38,8 @@ class VmappedFunction:
     self._fun = fun
     self._axis_name = axis_env.checked_axis_name(axis_name, fun, "vmap")
     self._out_axes = out_axes
-    # One tf.function per call structure (tf.function keeps its own traces
-    # per shape), bounded as pmap's programs are.
+    # One traced function per call signature (tree, shapes, dtypes),
+    # bounded as pmap's programs are.
     self._functions = lru.LRUCache(lru.TRACE_CACHE_SIZE)
     functools.update_wrapper(self, fun, updated=())
 
@@ -54,16 +54,30 @@ class VmappedFunction:
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
     if tf.inside_function():
       return self._vectorize(args, kwargs)
-    # pfor builds a graph: outside one, each call structure gets a
-    # tf.function of its own.
+    # pfor builds a graph: outside one, each call signature gets a traced
+    # function of its own. It returns the output's leaves, as TensorFlow
+    # knows no registered nodes; the output tree is kept beside it.
     leaves, treedef = tree.flatten((args, kwargs))
-    function = self._functions.get(treedef)
-    if function is None:
-      function = tf.function(
-          _do_not_convert(lambda *flat: self._vectorize(
-              *treedef.unflatten(list(flat)))), autograph=False)
-      self._functions.put(treedef, function)
-    return function(*[_to_tensor(leaf) for leaf in leaves])
+    tensors = [_to_tensor(leaf) for leaf in leaves]
+    key = (treedef, tuple((tuple(t.shape), t.dtype) for t in tensors))
+    traced = self._functions.get(key)
+    if traced is None:
+      traced = self._trace(treedef, tensors)
+      self._functions.put(key, traced)
+    function, output_treedef = traced
+    return output_treedef.unflatten(function(*tensors))
+
+  def _trace(self, treedef, tensors):
+    """`(concrete function of the leaves, output treedef)` for one signature."""
+    found = {}
+
+    def flat_call(*flat):
+      leaves, found["treedef"] = tree.flatten(
+          self._vectorize(*treedef.unflatten(list(flat))))
+      return leaves
+
+    function = tf.function(_do_not_convert(flat_call), autograph=False)
+    return function.get_concrete_function(*tensors), found["treedef"]
 
   def _vectorize(self, args, kwargs):
     axis_env.check_not_bound(self._axis_name, "vmap")

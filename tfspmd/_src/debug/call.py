@@ -169,8 +169,9 @@ def _assemble(results, chains, axis_name, check_invariant):
     if result.treedef != first.treedef:
       raise ValueError(
           f"pmap(debug=True): the device at {device} returned the tree "
-          f"{result.treedef!r}, the device at {devices[0]} returned "
-          f"{first.treedef!r}; every device must return the same structure.")
+          f"{tree.describe(result.treedef)}, the device at {devices[0]} "
+          f"returned {tree.describe(first.treedef)}; every device must return "
+          f"the same structure.")
   values = []
   for leaf, (spec, path) in enumerate(zip(first.specs, first.paths)):
     per_device = [result.outputs[leaf] for result in results]
