@@ -389,3 +389,34 @@ def test_shard_map_over_a_registered_class():
       in_specs=(tfspmd.P("data"),), out_specs=tfspmd.P("data"))(Scaled(x, 2.0))
   assert type(out) is Scaled and out.scale == 2.0
   np.testing.assert_array_equal(out.value, x * 2)
+
+
+def test_a_tf_modules_list_and_dict_are_containers_as_in_tf_nest():
+  module = tf.Module()
+  module.weights = [np.ones((8, 2), np.float32), np.zeros((8, 1), np.float32)]
+  module.state = {"b": np.full((8, 1), 2., np.float32),
+                  "a": np.ones((8, 3), np.float32)}
+  assert type(module.weights) is not list and type(module.state) is not dict
+  assert tree_util.tree_leaves(module.state)[0].shape == (8, 3)  # sorted keys
+  plus_one = tfspmd.pmap(lambda t: tree_util.tree_map(lambda v: v + 1., t))
+  weights = plus_one(module.weights)
+  assert type(weights) is list
+  np.testing.assert_array_equal(weights[0], np.full((8, 2), 2.))
+  np.testing.assert_array_equal(weights[1], np.ones((8, 1)))
+  state = plus_one(module.state)
+  assert type(state) is dict and sorted(state) == ["a", "b"]
+  np.testing.assert_array_equal(state["b"], np.full((8, 1), 3.))
+  assert [tree_util.keystr(path) for path, _ in
+          tree_util.tree_flatten_with_path(module.state)[0]] == ["['a']",
+                                                                 "['b']"]
+
+
+def test_a_keras_layers_tracked_list_is_a_container():
+  keras = pytest.importorskip("keras")
+  from keras.src.utils import tracking  # pylint: disable=g-import-not-at-top
+  tracked = tracking.TrackedList([np.ones((8, 2), np.float32)])
+  tracked_dict = tracking.TrackedDict({"w": np.ones((8, 1), np.float32)})
+  del keras
+  doubled = tfspmd.pmap(lambda t: tree_util.tree_map(lambda v: v * 2., t))
+  np.testing.assert_array_equal(doubled(tracked)[0], np.full((8, 2), 2.))
+  np.testing.assert_array_equal(doubled(tracked_dict)["w"], np.full((8, 1), 2.))

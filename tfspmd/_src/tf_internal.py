@@ -28,6 +28,7 @@ try:
   from tensorflow.python.framework import op_callbacks as _op_callbacks
   from tensorflow.python.ops import while_v2 as _while_v2
   from tensorflow.python.ops.parallel_for import pfor as _pfor
+  from tensorflow.python.trackable import data_structures as _data_structures
 except ImportError as e:  # pragma: no cover - depends on the installed TF.
   raise ImportError(
       f"tfspmd needs TensorFlow's parallel_for internals, which TensorFlow "
@@ -185,6 +186,11 @@ def refuses_input(error):
 def set_pfor_converter(operation, converter):
   """Makes pfor call `converter(pfor_input)` for `operation`."""
   operation.pfor_converter = converter
+
+
+def tracking_wrapper_types():
+  """`(list wrapper, dict wrapper)`: what a tf.Module's list and dict become."""
+  return _data_structures.ListWrapper, _data_structures._DictWrapper  # pylint: disable=protected-access
 
 
 def wait_for_pending_ops():

@@ -2,7 +2,8 @@
 
 The trees are optree's with JAX's rules: tuple, list, dict (keys in sorted
 order), OrderedDict (in insertion order), defaultdict, namedtuple and the
-nodes registered with `tfspmd.tree_util` are containers; None is an empty
+nodes registered with `tfspmd.tree_util` are containers, as are the lists
+and dicts TensorFlow and Keras wrap for tracking (`tracked_containers`); None is an empty
 container; anything else (a tensor, a ShardedArray, an array, a number) is a
 leaf. A treedef is optree's `PyTreeSpec`: hashable, so it can be part of a
 trace-cache key, with `unflatten(leaves)` and `num_leaves`.
@@ -12,11 +13,14 @@ import collections
 
 import optree
 
+from tfspmd._src import tracked_containers
 from tfspmd._src import tree_keys
 
 # tfspmd's nodes live in their own optree namespace, so that registering one
 # changes no other optree user's trees (Keras's, for one).
 NAMESPACE = "tfspmd"
+
+tracked_containers.register_tensorflow_wrappers(NAMESPACE)
 
 # Per treedef seen: each leaf's key path and that path printed, made once (a
 # walk that also checks that its dict keys sort). Bounded: a program that
@@ -31,6 +35,7 @@ def flatten(tree, is_leaf=None):
   Raises:
     TypeError: If a dict's keys cannot be sorted (as JAX, which sorts them).
   """
+  tracked_containers.register_keras_wrappers_once_imported(NAMESPACE)
   leaves, treedef = optree.tree_flatten(tree, is_leaf, namespace=NAMESPACE)
   _paths(treedef)
   return leaves, treedef
