@@ -144,6 +144,124 @@ def inner_across_processes():
   return {"error": None, "value": np.asarray(out).tolist()}
 
 
+def _collectives_over(group, count):
+  """Every collective of tfspmd.lax over the mesh axes `group` (size `count`).
+
+  Each returns a block of the shape it is given (8 x 2 here): all_gather and
+  all_to_all tiled, ppermute a ring shifting by one.
+  """
+  ring = [(k, (k + 1) % count) for k in range(count)]
+  def f(b):
+    return {
+        "psum": lax.psum(b, group),
+        "pmean": lax.pmean(b, group),
+        "pmax": lax.pmax(b, group),
+        "pmin": lax.pmin(b, group),
+        "all_gather": lax.all_gather(b, group, tiled=True),
+        "psum_scatter": lax.psum_scatter(b, group, tiled=True),
+        "ppermute": lax.ppermute(b, group, ring),
+        "all_to_all": lax.all_to_all(b, group, 0, 0, tiled=True),
+        "axis_index": b * 0 + tf.cast(lax.axis_index(group), tf.float32),
+    }
+  return f
+
+
+def _every_collective(report, label, mesh, spec, part):
+  """Runs `_collectives_over` each axis of `mesh` and all of them at once."""
+  names = mesh.axis_names
+  groups = [(name,) for name in names] + ([names] if len(names) > 1 else [])
+  for group in groups:
+    count = int(np.prod([mesh.shape[name] for name in group]))
+    key = f"{label}/{'+'.join(group)}"
+    try:
+      out = tfspmd.shard_map(_collectives_over(group, count), mesh=mesh,
+                             in_specs=spec, out_specs=spec)(part)
+      report[key] = {name: np.asarray(value).tolist()
+                     for name, value in out.items()}
+    except Exception as e:  # pylint: disable=broad-except
+      report[key] = f"{type(e).__name__}: {e}"
+
+
+def shard_map_processes():
+  """shard_map over meshes of the devices of 2 processes x 4 devices.
+
+  Each process passes its part of the global arrays the test names, and
+  reports its part of each result (or the error it raised).
+  """
+  _initialize()
+  me = tfspmd.process_index()
+  devices = tfspmd.devices()
+  P = tfspmd.P
+  report = {}
+
+  def attempt(key, thunk):
+    try:
+      report[key] = np.asarray(thunk()).tolist()
+    except Exception as e:  # pylint: disable=broad-except
+      report[key] = f"{type(e).__name__}: {e}"
+
+  # (2, 4) with the process axis first: the part is half the rows.
+  grid = tfspmd.make_mesh((2, 4), ("p", "d"))
+  x = np.arange(128, dtype=np.float32).reshape(16, 8)
+  rows = x[8 * me:8 * me + 8]
+  _every_collective(report, "grid", grid, P("p", "d"), rows)
+  w = np.arange(8, dtype=np.float32)  # not split over 'p': passed whole
+  attempt("grid/replicated_input", lambda: tfspmd.shard_map(
+      lambda b, c: b + c, mesh=grid, in_specs=(P("p", "d"), P("d")),
+      out_specs=P("p", "d"))(rows, w))
+  attempt("grid/out_without_p", lambda: tfspmd.shard_map(
+      lambda b: lax.psum(b, "p"), mesh=grid, in_specs=P("p", "d"),
+      out_specs=P(None, "d"))(rows))
+  attempt("grid/total", lambda: tfspmd.shard_map(
+      lambda b: lax.psum(tf.reduce_sum(b), ("p", "d")), mesh=grid,
+      in_specs=P("p", "d"), out_specs=P())(rows))
+  # A replicated input whose values differ between the processes.
+  mine = np.array([me + 1.0], np.float32)
+  attempt("grid/differing_psum", lambda: tfspmd.shard_map(
+      lambda c: lax.psum(c, "p"), mesh=grid, in_specs=P(),
+      out_specs=P())(mine))
+  attempt("grid/differing_identity", lambda: tfspmd.shard_map(
+      lambda c: c, mesh=grid, in_specs=P(), out_specs=P())(mine))
+  # A result goes back in (as a DTensor, no copy), also with other specs.
+  def round_trip():
+    out = tfspmd.shard_map(lambda b: b * 2, mesh=grid, in_specs=P("p", "d"),
+                           out_specs=P("p", "d"))(rows)
+    return tfspmd.shard_map(lambda b: lax.psum(b, "p"), mesh=grid,
+                            in_specs=P("p", None), out_specs=P(None))(out)
+  attempt("grid/round_trip", round_trip)
+  attempt("grid/result_shape", lambda: tfspmd.shard_map(
+      lambda b: b, mesh=grid, in_specs=P("p", "d"),
+      out_specs=P("p", "d"))(rows).shape.as_list())
+
+  # One axis over the 8 devices: the part is half the rows.
+  line = tfspmd.make_mesh((8,), ("x",))
+  y = np.arange(128, dtype=np.float32).reshape(64, 2)
+  _every_collective(report, "line", line, P("x"), y[32 * me:32 * me + 32])
+  attempt("line/replicated_input", lambda: tfspmd.shard_map(
+      lambda b, c: b + tf.cast(lax.axis_index("x"), tf.float32) * c, mesh=line,
+      in_specs=(P("x"), P()), out_specs=P("x"))(
+          y[32 * me:32 * me + 32], np.float32(100.0)))
+
+  # (4, 2) whose first axis crosses the processes: half the rows.
+  tall = tfspmd.make_mesh((4, 2), ("a", "b"))
+  z = np.arange(128, dtype=np.float32).reshape(32, 4)
+  _every_collective(report, "tall", tall, P("a", "b"), z[16 * me:16 * me + 16])
+
+  # (4, 2) whose second axis is the processes: half the columns.
+  wide = tfspmd.Mesh(np.array(devices, dtype=object).reshape(2, 4).T,
+                     ("d", "p"))
+  _every_collective(report, "wide", wide, P("d", "p"), z[:, 2 * me:2 * me + 2])
+
+  # Meshes and specs a process's part cannot follow.
+  scattered = tfspmd.Mesh(np.array(devices, dtype=object)[
+      [0, 1, 2, 4, 3, 5, 6, 7]].reshape(2, 4), ("p", "d"))
+  attempt("error/not_a_block", lambda: tfspmd.shard_map(
+      lambda b: b, mesh=scattered, in_specs=P(), out_specs=P())(w))
+  attempt("error/later_axis_crosses", lambda: tfspmd.shard_map(
+      lambda b: b, mesh=grid, in_specs=P(("d", "p")), out_specs=P())(w))
+  return report
+
+
 def dead_peer():
   """Process 1 exits after joining; process 0 then needs it in a psum."""
   _initialize()
@@ -263,6 +381,7 @@ def without_initialize():
 if __name__ == "__main__":
   result = {"seed": seed, "nested": nested, "collectives": collectives,
             "inner_across_processes": inner_across_processes,
+            "shard_map_processes": shard_map_processes,
             "dead_peer": dead_peer,
             "never_joined": never_joined, "gpu_pair": gpu_pair,
             "initialize_error": initialize_error,

@@ -448,6 +448,151 @@ def test_a_nested_axis_that_would_span_processes_is_a_clear_error():
         "tfspmd.vmap (its collectives stay on the device).")
 
 
+# --- two processes x 4 devices: shard_map over meshes of both --------------
+
+
+@pytest.fixture(scope="module")
+def shard_map_reports():
+  port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
+  return _run([("shard_map_processes", k, None, _coordinated(port, 2, k))
+               for k in range(2)], devices=4)
+
+
+def _per_device(blocks, names, group, rule):
+  """Each device's result: `rule(blocks of its group, in order, its index)`.
+
+  `blocks` has the mesh's shape first, then a block's; `group` names the
+  mesh axes a collective spans, major first.
+  """
+  mesh_shape = blocks.shape[:len(names)]
+  where = [names.index(name) for name in group]
+  sizes = [mesh_shape[k] for k in where]
+  results = []
+  for position in np.ndindex(mesh_shape):
+    members = []
+    for member in np.ndindex(*sizes):
+      at = list(position)
+      for k, m in zip(where, member):
+        at[k] = m
+      members.append(blocks[tuple(at)])
+    index = int(np.ravel_multi_index([position[k] for k in where], sizes))
+    results.append(rule(members, index))
+  return np.stack(results).reshape(mesh_shape + results[0].shape)
+
+
+_RULES = {
+    "psum": lambda ms, i: np.sum(ms, 0),
+    "pmean": lambda ms, i: np.mean(ms, 0),
+    "pmax": lambda ms, i: np.max(ms, 0),
+    "pmin": lambda ms, i: np.min(ms, 0),
+    "all_gather": lambda ms, i: np.concatenate(ms, 0),
+    "psum_scatter": lambda ms, i: np.split(np.sum(ms, 0), len(ms))[i],
+    "ppermute": lambda ms, i: ms[(i - 1) % len(ms)],
+    "all_to_all": lambda ms, i: np.concatenate(
+        [np.split(m, len(ms))[i] for m in ms], 0),
+    "axis_index": lambda ms, i: np.full_like(ms[i], i),
+}
+
+
+def _blocks(x, mesh_shape):
+  """The blocks of the 2-D `x` split over a 1-D or 2-D mesh, mesh axes first."""
+  rows, cols = (mesh_shape + (1,))[:2]
+  split = x.reshape(rows, x.shape[0] // rows, cols, x.shape[1] // cols)
+  return split.transpose(0, 2, 1, 3).reshape(mesh_shape + split.shape[1::2])
+
+
+def _joined(per_device, mesh_shape):
+  """The global array of 2-D per-device blocks laid out as `_blocks` splits."""
+  rows, cols = (mesh_shape + (1,))[:2]
+  grid = per_device.reshape((rows, cols) + per_device.shape[-2:])
+  return grid.transpose(0, 2, 1, 3).reshape(
+      rows * grid.shape[2], cols * grid.shape[3])
+
+
+# Each mesh of the scenario: its shape, axis names, the global input, and
+# process k's part of a 2-D global array (half the rows, or half the columns
+# where the processes lie along the second axis).
+_MESHES = {
+    "grid": ((2, 4), ("p", "d"), np.arange(128.0).reshape(16, 8),
+             lambda a, k: np.split(a, 2, 0)[k]),
+    "line": ((8,), ("x",), np.arange(128.0).reshape(64, 2),
+             lambda a, k: np.split(a, 2, 0)[k]),
+    "tall": ((4, 2), ("a", "b"), np.arange(128.0).reshape(32, 4),
+             lambda a, k: np.split(a, 2, 0)[k]),
+    "wide": ((4, 2), ("d", "p"), np.arange(128.0).reshape(32, 4),
+             lambda a, k: np.split(a, 2, 1)[k]),
+}
+
+
+@pytest.mark.parametrize("label", sorted(_MESHES))
+def test_every_collective_of_a_shard_map_over_two_processes(
+    shard_map_reports, label):
+  mesh_shape, names, x, part = _MESHES[label]
+  blocks = _blocks(x, mesh_shape)
+  groups = [(n,) for n in names] + ([names] if len(names) > 1 else [])
+  for group in groups:
+    key = f"{label}/{'+'.join(group)}"
+    for name, rule in _RULES.items():
+      whole = _joined(_per_device(blocks, names, group, rule), mesh_shape)
+      for k, report in enumerate(shard_map_reports):
+        assert isinstance(report[key], dict), report[key]
+        np.testing.assert_allclose(report[key][name], part(whole, k),
+                                   rtol=1e-6, err_msg=f"{key} {name} {k}")
+
+
+def test_a_shard_map_input_not_split_over_processes_is_passed_whole(
+    shard_map_reports):
+  x = np.arange(128.0).reshape(16, 8)
+  w = np.arange(8.0)
+  y = np.arange(128.0).reshape(64, 2)
+  for k, report in enumerate(shard_map_reports):
+    np.testing.assert_allclose(report["grid/replicated_input"],
+                               (x + w)[8 * k:8 * k + 8])
+    np.testing.assert_allclose(
+        report["line/replicated_input"],
+        (y + 100.0 * np.repeat(np.arange(8.0), 8)[:, None])[32 * k:32 * k + 32])
+
+
+def test_a_shard_map_result_not_split_over_processes_is_whole_everywhere(
+    shard_map_reports):
+  x = np.arange(128.0).reshape(16, 8)
+  for report in shard_map_reports:
+    np.testing.assert_allclose(report["grid/out_without_p"],
+                               x[:8] + x[8:])
+    np.testing.assert_allclose(report["grid/total"], x.sum())
+
+
+def test_a_shard_map_result_goes_back_in_as_the_global_array(
+    shard_map_reports):
+  x = np.arange(128.0).reshape(16, 8)
+  for report in shard_map_reports:
+    assert report["grid/result_shape"] == [8, 8]
+    np.testing.assert_allclose(report["grid/round_trip"], 2 * (x[:8] + x[8:]))
+
+
+def test_replicated_shard_map_inputs_that_differ_stay_each_process_own(
+    shard_map_reports):
+  for k, report in enumerate(shard_map_reports):
+    # Each process's devices hold its value, and the program takes it as
+    # the same along 'p': a psum of it there is 2 times this process's.
+    assert report["grid/differing_psum"] == [2 * (k + 1.0)]
+    assert report["grid/differing_identity"] == [k + 1.0]
+
+
+def test_shard_map_meshes_and_specs_a_process_part_cannot_follow(
+    shard_map_reports):
+  for k, report in enumerate(shard_map_reports):
+    assert report["error/not_a_block"].startswith(
+        f"ValueError: shard_map: the devices of process {k} are not a block "
+        f"of the mesh Mesh({{'p': 2, 'd': 4}}): they lie at positions ")
+    assert report["error/later_axis_crosses"] == (
+        "ValueError: shard_map: in spec PartitionSpec(('d', 'p')) for args[0] "
+        "splits dimension 0 over ('d', 'p'), and the later axis 'p' crosses "
+        "processes; with several processes only the first axis splitting a "
+        "dimension may. Name 'p' first there, or split another dimension "
+        "over it.")
+
+
 # --- eight processes x 1 device: every collective ---------------------------
 
 

@@ -53,7 +53,12 @@ class PmapOptions:
     return self.level is None or self.level.check_invariant
 
   def process_share(self):
-    """`(local, total)`: this process maps over `local / total` of the axis."""
+    """`(local, total)`: this process maps over `local / total` of the axis.
+
+    A shard_map passes the global arrays (`shard_map_processes`): all of it.
+    """
+    if self.level is not None:
+      return 1, 1
     if self.devices is None:
       return 1, devices_lib.process_count()
     me = devices_lib.process_index()

@@ -39,6 +39,7 @@ from tfspmd._src import devices as devices_lib
 from tfspmd._src import pmap as pmap_lib
 from tfspmd._src import pmap_options
 from tfspmd._src import shard_map_gradient
+from tfspmd._src import shard_map_processes
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
 from tfspmd._src.named_mesh import Mesh
@@ -134,10 +135,25 @@ def _expand_input(value, spec, mesh, path):
     value = value.dtensor_value
   rank = len(value.shape)
   _check_spec(spec, rank, mesh, path, "in")
+  if _is_host_part(value):
+    if isinstance(value, tf.Tensor):
+      value = value.numpy()
+    return shard_map_processes.place_part(np.asarray(value), spec, mesh, path)
   shape = _expanded_shape(tuple(value.shape), spec, mesh, path)
   if isinstance(value, np.ndarray):
     return value.reshape(shape)
   return tf.reshape(value, shape)
+
+
+def _is_host_part(value):
+  """Whether `value` is one process's part of an input of several processes.
+
+  A DTensor (an earlier result, or a tensor traced in a user's tf.function)
+  is the global array; a host value is this process's part.
+  """
+  if devices_lib.process_count() == 1 or tf.inside_function():
+    return False
+  return not (isinstance(value, tf.Tensor) and dtensor.is_dtensor(value))
 
 
 def _join_output(value, spec, mesh):
@@ -150,7 +166,10 @@ def _join_output(value, spec, mesh):
   can follow.
   """
   dim_of = dict(zip(mesh.axis_names, mesh.dim_names))
-  shape = value.shape.as_list()
+  # The global shape: a ShardedArray's own is this process's part's.
+  global_value = (value.dtensor_value if isinstance(value, ShardedArray)
+                  else value)
+  shape = global_value.shape.as_list()
   named = sum(len(spec.axes_of(d)) for d in range(len(spec)))
   merged, split, position = [], [], 0
   for dimension in range(len(shape) - named):
@@ -160,7 +179,7 @@ def _join_output(value, spec, mesh):
     position += len(axes) + 1
   if not isinstance(value, ShardedArray):
     return tf.reshape(value, merged)
-  joined = tf.reshape(value.dtensor_value, merged)
+  joined = tf.reshape(global_value, merged)
   # DTensor's reshape leaves a dimension split over an inner mesh axis
   # replicated; going back to the split is a local slice.
   layout = dtensor.Layout(split, value.placement.mesh)
@@ -226,6 +245,9 @@ class ShardMappedFunction:
                                                                 "output")):
       rank = len(tf.convert_to_tensor(leaf).shape)
       _check_spec(_as_spec(spec), rank, self._mesh, path, "out")
+      if devices_lib.process_count() > 1:
+        shard_map_processes.check_spec(_as_spec(spec), self._mesh, path,
+                                       "out")
     return result
 
   @tf.autograph.experimental.do_not_convert
@@ -234,10 +256,6 @@ class ShardMappedFunction:
       raise TypeError(
           f"shard_map: pass the arguments of the mapped function by position "
           f"(in_specs match them in order), got keywords {sorted(kwargs)}.")
-    if devices_lib.process_count() > 1:
-      raise NotImplementedError(
-          "shard_map over the devices of several processes is not supported "
-          "yet; use nested pmaps there (each process passes its part).")
     if axis_env.frames() or axis_env.trace_state() is not None:
       raise ValueError(
           "shard_map inside a pmap or vmap is not supported (nor is it in "
