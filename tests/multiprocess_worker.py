@@ -257,6 +257,9 @@ def shard_map_processes():
       [0, 1, 2, 4, 3, 5, 6, 7]].reshape(2, 4), ("p", "d"))
   attempt("error/not_a_block", lambda: tfspmd.shard_map(
       lambda b: b, mesh=scattered, in_specs=P(), out_specs=P())(w))
+  attempt("error/part_not_divisible", lambda: tfspmd.shard_map(
+      lambda b: b, mesh=line, in_specs=P("x"), out_specs=P("x"))(
+          np.zeros(3, np.float32)))
   attempt("error/later_axis_crosses", lambda: tfspmd.shard_map(
       lambda b: b, mesh=grid, in_specs=P(("d", "p")), out_specs=P())(w))
   return report

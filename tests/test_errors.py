@@ -1765,6 +1765,24 @@ PLACEHOLDERS = [
      "\"process 1 (...) finished its program while process 0 waited on it "
      "in a collective: it never called this pmap.\" after "
      "initialization_timeout"),
+    (PROCESSES, "a shard_map over a mesh whose devices of one process are "
+     "not a block of it, or that holds none of a process's", "ValueError: "
+     "\"shard_map: the devices of process 0 are not a block of the mesh "
+     "Mesh({'p': 2, 'd': 4}): they lie at positions [(0, 0), (0, 1), (0, 2), "
+     "(1, 0)]. ... make the mesh over tfspmd.devices() in process order "
+     "(tfspmd.make_mesh(shape, names)).\" (docs/multiprocess.md, shard_map "
+     "with several processes)"),
+    (PROCESSES, "a shard_map spec splitting a dimension over several mesh "
+     "axes of which a later one crosses processes", "ValueError: "
+     "\"shard_map: in spec PartitionSpec(('d', 'p')) for args[0] splits "
+     "dimension 0 over ('d', 'p'), and the later axis 'p' crosses processes; "
+     "with several processes only the first axis splitting a dimension may. "
+     "Name 'p' first there, or split another dimension over it.\""),
+    (PROCESSES, "a shard_map input whose part in this process does not split "
+     "into its devices' blocks", "ValueError: \"shard_map: this process's "
+     "part of args[0] has size 3 along dimension 0, which the in spec "
+     "PartitionSpec('x') splits into the blocks of this process's mesh "
+     "positions (4 along 'x'): 3 is not divisible by 4. ...\""),
     (PROCESSES, "processes calling pmaps in different orders, or giving "
      "devices= different lists", "not detected: matching collectives give "
      "wrong values, others raise the errors above (docs/multiprocess.md, "

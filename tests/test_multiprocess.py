@@ -585,6 +585,12 @@ def test_shard_map_meshes_and_specs_a_process_part_cannot_follow(
     assert report["error/not_a_block"].startswith(
         f"ValueError: shard_map: the devices of process {k} are not a block "
         f"of the mesh Mesh({{'p': 2, 'd': 4}}): they lie at positions ")
+    assert report["error/part_not_divisible"] == (
+        "ValueError: shard_map: this process's part of args[0] has size 3 "
+        "along dimension 0, which the in spec PartitionSpec('x') splits into "
+        "the blocks of this process's mesh positions (4 along 'x'): 3 is not "
+        "divisible by 4. With several processes each passes its part of the "
+        "global array (docs/multiprocess.md).")
     assert report["error/later_axis_crosses"] == (
         "ValueError: shard_map: in spec PartitionSpec(('d', 'p')) for args[0] "
         "splits dimension 0 over ('d', 'p'), and the later axis 'p' crosses "

@@ -358,6 +358,31 @@ def shard_map(
     >>> layout = dtensor.Layout(['data', dtensor.UNSHARDED], mesh.dtensor_mesh)
     >>> dtensor.fetch_layout(g(x).dtensor_value) == layout
     True
+
+  Several processes:
+    After `tfspmd.distributed.initialize()`, a mesh may hold the devices of
+    every process (`tfspmd.make_mesh` over `tfspmd.devices()`, in process
+    order); every process calls the same shard_map with the same mesh. The
+    specs keep their meaning over the global arrays, and each process passes
+    and gets back its part of them: along a dimension its spec splits, the
+    blocks of the mesh positions its devices hold, in order; along any
+    other dimension, the whole extent. With 2 processes of 4 devices and
+    `make_mesh((2, 4), ('p', 'd'))`, an input split by `P('p', 'd')` of
+    global shape (16, 8) is passed as its 8 rows by each process (process
+    k's rows 8k..8k+7), and one split by `P('d')` or `P()` is passed whole
+    by every process; a result split by `P('p', 'd')` comes back as the
+    process's 8 rows, a `ShardedArray` of its blocks, as pmap's. Meshes
+    whose one axis crosses the processes (`make_mesh((8,), ('x',))`, or
+    `(4, 2)` whose first axis does) work the same way: a `P('x')` input is
+    passed as the process's half. A process's devices must hold every
+    combination of their positions along the mesh's axes (they do in such
+    meshes), and a dimension split over several axes may cross processes
+    in the first only. An input not split over the axes that cross the
+    processes must be equal in every process; that is not checked: each
+    process's devices compute with the values it passed, which the program
+    takes as the same along those axes (a psum of the input over them is
+    the axis size times this process's value). A result, or its
+    `dtensor_value`, goes back in as the global array.
   """
   if f is None:
     return functools.partial(shard_map, mesh=mesh, in_specs=in_specs,

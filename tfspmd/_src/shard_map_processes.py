@@ -95,13 +95,13 @@ def place_part(value, spec, mesh, path):
     names = spec.axes_of(dimension)
     count = math.prod(extents[name] for name in names)
     if size % count:
-      held = " x ".join(f"{extents[name]} of {name!r}" for name in names)
+      held = " x ".join(f"{extents[name]} along {name!r}" for name in names)
       raise ValueError(
           f"shard_map: this process's part of {path} has size {size} along "
-          f"dimension {dimension}, which the in spec {spec} splits over the "
-          f"{held} positions its devices hold: {size} is not divisible by "
-          f"{count}. With several processes each passes its part of the "
-          f"global array (docs/multiprocess.md).")
+          f"dimension {dimension}, which the in spec {spec} splits into the "
+          f"blocks of this process's mesh positions ({held}): {size} is not "
+          f"divisible by {count}. With several processes each passes its "
+          f"part of the global array (docs/multiprocess.md).")
     shape += [extents[name] for name in names] + [size // count]
     split += [dim_of[name] for name in names] + [None]
   placement = placement_lib.Placement(mesh.mesh_key, tuple(split))
