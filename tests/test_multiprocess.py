@@ -444,8 +444,10 @@ def test_a_nested_axis_that_would_span_processes_is_a_clear_error():
         "With several processes the outermost pmap's axis spans the "
         "processes and the nested axes lie within each process, as in JAX: "
         "the nested axes need 2 devices in every process, which has 1. Give "
-        "each process at least 2 devices, or map the inner axis with "
-        "tfspmd.vmap (its collectives stay on the device).")
+        "each process at least 2 devices, map the inner axis with "
+        "tfspmd.vmap (its collectives stay on the device), or use "
+        "tfspmd.shard_map over a tfspmd.make_mesh of tfspmd.devices(), whose "
+        "axes may cross processes.")
 
 
 # --- two processes x 4 devices: shard_map over meshes of both --------------

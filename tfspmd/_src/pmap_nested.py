@@ -91,8 +91,10 @@ def _register_nested_axis(state, axis_name, size, depth, mesh_dim):
           f"processes and the nested axes lie within each process, as in "
           f"JAX: the nested axes need {inner} devices in every process, "
           f"which has {devices_lib.local_device_count()}. Give each process "
-          f"at least {inner} devices, or map the inner axis with tfspmd.vmap "
-          f"(its collectives stay on the device).")
+          f"at least {inner} devices, map the inner axis with tfspmd.vmap "
+          f"(its collectives stay on the device), or use tfspmd.shard_map "
+          f"over a tfspmd.make_mesh of tfspmd.devices(), whose axes may "
+          f"cross processes.")
     raise ValueError(message)
   taken = {dim for _, _, dim in state.mesh_axes}
   dim = mesh_dim or mesh_lib.mesh_dim_name(depth)
