@@ -18,7 +18,9 @@ named as the mesh names its axis (`Mesh.dim_names`), so the program runs on
 must be the same along it: that pmap returns it with out_axes=None, which
 checks it (with `check_vma=False` it takes the first device's instead). A
 GradientTape around the call records it with its own VJP, a shard_map of
-`f`'s per-device VJP (`shard_map_gradient`).
+`f`'s per-device VJP (`shard_map_gradient`). With several processes each
+passes its part of every input, placed as the global array
+(`shard_map_processes`), and the pmaps take global arrays.
 """
 
 from __future__ import annotations
