@@ -97,7 +97,7 @@ class Config:
     if name not in self._values:
       raise AttributeError(
           f"tfspmd.config.update: no setting {name!r}; the settings are "
-          f"{sorted(self._values)}.")
+          f"{sorted(self._values)} (JAX's names: {sorted(_ALIASES)}).")
     if not isinstance(value, bool):
       raise TypeError(
           f"tfspmd.config.update: {name} must be True or False, got "
