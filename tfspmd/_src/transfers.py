@@ -77,7 +77,7 @@ def device_put(x: Any, device: Any = None, *, src: None = None,
     >>> y.sharding
     NamedSharding(mesh=Mesh({'x': 4, 'y': 2}), spec=PartitionSpec('x'))
     >>> y.addressable_shards[2].data.numpy()
-    array([4., 5.])
+    array([2., 3.])
     >>> tfspmd.device_put(np.ones(2), tfspmd.devices()[3]).device
     '/job:localhost/replica:0/task:0/device:CPU:3'
   """
