@@ -372,6 +372,25 @@ def gpu_pair():
           "shard_device": out.addressable_shards[0].data.device}
 
 
+def jax_options_and_shutdown():
+  """initialize with JAX's option names, one psum, then shutdown."""
+  tfspmd.distributed.initialize(
+      os.environ["WORKER_COORDINATOR"],
+      int(os.environ["WORKER_NUM_PROCESSES"]),
+      int(os.environ["WORKER_PROCESS_ID"]),
+      cluster_detection_method="deactivate",
+      initialization_timeout=float(os.environ["WORKER_INIT_TIMEOUT"]),
+      heartbeat_timeout_seconds=float(os.environ["WORKER_HEARTBEAT_TIMEOUT"]),
+      shutdown_timeout_seconds=30,
+      coordinator_bind_address=os.environ["WORKER_BIND_ADDRESS"])
+  out = multiprocess_psum.x_plus_psum()
+  report = {"out": np.asarray(out).tolist()}
+  tfspmd.distributed.shutdown()
+  report["initialized_after_shutdown"] = tfspmd.distributed.is_initialized()
+  tfspmd.distributed.shutdown()  # a second call does nothing, as in JAX
+  return report
+
+
 def without_initialize():
   """DTENSOR_JOBS names two processes, but initialize is not called."""
   try:
@@ -391,5 +410,6 @@ if __name__ == "__main__":
             "disagreeing_sizes": disagreeing_sizes,
             "disagreeing_order": disagreeing_order,
             "finishes_early": finishes_early,
+            "jax_options_and_shutdown": jax_options_and_shutdown,
             "without_initialize": without_initialize}[sys.argv[1]]()
   print(json.dumps(result), flush=True)

@@ -11,8 +11,8 @@ import tfspmd.adapters
 
 
 def _modules():
-  names = ["tfspmd", "tfspmd.distributed", "tfspmd.lax", "tfspmd.tree",
-           "tfspmd.tree_util", "tfspmd.adapters"]
+  names = ["tfspmd", "tfspmd.distributed", "tfspmd.lax", "tfspmd.sharding",
+           "tfspmd.tree", "tfspmd.tree_util", "tfspmd.adapters"]
   for info in pkgutil.walk_packages(tfspmd.__path__, "tfspmd."):
     names.append(info.name)
   for info in pkgutil.walk_packages(tfspmd.adapters.__path__,
@@ -30,8 +30,8 @@ def test_docstring_examples(name):
 
 def test_public_functions_have_examples():
   missing = []
-  for module in (tfspmd, tfspmd.distributed, tfspmd.lax, tfspmd.tree,
-                 tfspmd.tree_util):
+  for module in (tfspmd, tfspmd.distributed, tfspmd.lax, tfspmd.sharding,
+                 tfspmd.tree, tfspmd.tree_util):
     for name in module.__all__:
       value = getattr(module, name)
       # Type aliases and another library's classes (tree_util.PyTreeDef is

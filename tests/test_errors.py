@@ -26,6 +26,7 @@ import tensorflow as tf
 
 import tfspmd
 from tfspmd import lax
+from tfspmd._src import config as config_lib
 from tfspmd.adapters import checkpoint
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,6 +77,7 @@ SIZES, AXES, STATIC, LEAVES, OUTPUTS, DEVICES, NAMES, COLLECTIVES, OPS, STATE = 
 PROCESSES = "Several processes"
 SHARD_MAP = "shard_map and meshes"
 PYTREES = "Pytrees: tfspmd.tree_util"
+SHARDINGS = "Shardings and device_put"
 CHECKPOINTS = "Adapters: checkpoints"
 KERAS = "Adapters: Keras and tf.data"
 
@@ -571,10 +573,10 @@ def _():
 # --- collective arguments ----------------------------------------------------------
 
 
-@case("psum-bool", COLLECTIVES, "psum of bools", TypeError,
-      r"psum: x\[1\] has dtype bool, but psum takes numbers .*tf.cast")
+@case("psum-string", COLLECTIVES, "psum of strings", TypeError,
+      r"psum: x\[1\] has dtype string, but psum takes numbers .*tf.cast")
 def _():
-  P(lambda x: lax.psum((x, x > 0), "i"), "i")(np.zeros(2))
+  P(lambda x: lax.psum((x, tf.strings.as_string(x)), "i"), "i")(np.zeros(2))
 
 
 @case("pmax-complex", COLLECTIVES, "pmax of complex numbers", TypeError,
@@ -868,11 +870,11 @@ def _():
 
 
 @case("config-unknown-setting", STATE,
-      "tfspmd.config.update('jax_enable_x64', False)", AttributeError,
-      r"tfspmd.config.update: no setting 'jax_enable_x64'; the settings are "
-      r"\['tfspmd_enable_x64'\]")
+      "tfspmd.config.update('jax_debug_nans', True)", AttributeError,
+      r"tfspmd.config.update: no setting 'jax_debug_nans'; the settings are "
+      r"\['tfspmd_enable_x64'\] \(JAX's names: \['jax_enable_x64'\]\)")
 def _():
-  tfspmd.config.update("jax_enable_x64", False)
+  tfspmd.config.update("jax_debug_nans", True)
 
 
 @case("config-not-bool", STATE, "tfspmd.config.update(name, 'no')",
@@ -1172,6 +1174,166 @@ def _():
       r"'host:port'")
 def _():
   INIT(process_addresses=["localhost:9000", "localhost:9000"], process_id=0)
+
+
+@case("initialize-heartbeat-twice", PROCESSES,
+      "initialize with heartbeat_timeout_seconds and heartbeat_timeout",
+      TypeError, r"give `heartbeat_timeout_seconds` \(JAX's name\) or "
+      r"`heartbeat_timeout` \(its earlier name\), not both; got 5 and 7")
+def _():
+  INIT(heartbeat_timeout_seconds=5, heartbeat_timeout=7)
+
+
+@case("initialize-cluster-detection-method", PROCESSES,
+      "initialize(cluster_detection_method='mpi4py')", ValueError,
+      r"`cluster_detection_method` must be None .* or 'deactivate', got "
+      r"'mpi4py'")
+def _():
+  INIT(cluster_detection_method="mpi4py")
+
+
+@case("initialize-slice-index", PROCESSES, "initialize(slice_index=1)",
+      ValueError, r"`slice_index` must be None, got 1: DTensor's runtime "
+      r"numbers processes only")
+def _():
+  INIT(slice_index=1)
+
+
+@case("initialize-shutdown-timeout", PROCESSES,
+      "initialize(shutdown_timeout_seconds=-1)", ValueError,
+      r"`shutdown_timeout_seconds` must be a positive, finite number of "
+      r"seconds, got -1")
+def _():
+  INIT(shutdown_timeout_seconds=-1)
+
+
+@case("initialize-bind-address", PROCESSES,
+      "initialize(coordinator_bind_address='9000')", ValueError,
+      r"coordinator_bind_address")
+def _():
+  INIT(coordinator_address="localhost:9000", num_processes=2, process_id=0,
+       coordinator_bind_address="9000")
+
+# --- shardings and device_put --------------------------------------------------
+
+
+@case("named-sharding-unknown-axis", SHARDINGS,
+      "NamedSharding(mesh, P('z')) on a mesh without 'z'", ValueError,
+      r"NamedSharding: `spec` PartitionSpec\('z'\) names the axis 'z', "
+      r"which is not an axis of the mesh \(axes: \('x',\)\)")
+def _():
+  tfspmd.sharding.NamedSharding(tfspmd.make_mesh((8,), ("x",)),
+                                tfspmd.P("z"))
+
+
+@case("named-sharding-spec-tuple", SHARDINGS,
+      "NamedSharding(mesh, ('x',)): a tuple, not a PartitionSpec", TypeError,
+      r"NamedSharding: `spec` must be a tfspmd.PartitionSpec \(tfspmd.P\(...\)\), "
+      r"got tuple \('x',\)")
+def _():
+  tfspmd.sharding.NamedSharding(tfspmd.make_mesh((8,), ("x",)), ("x",))
+
+
+@case("single-device-sharding-not-a-device", SHARDINGS,
+      "SingleDeviceSharding('cpu:0')", TypeError,
+      r"SingleDeviceSharding: `device` must be a tfspmd.Device")
+def _():
+  tfspmd.sharding.SingleDeviceSharding("cpu:0")
+
+
+@case("device-put-indivisible", SHARDINGS,
+      "device_put of 6 rows split 8 ways", ValueError,
+      r"x\['w'\] of shape \(6,\): NamedSharding\(.*\) splits dimension 0 8 "
+      r"ways, which does not evenly divide its size 6")
+def _():
+  tfspmd.device_put({"w": np.zeros(6)}, tfspmd.sharding.NamedSharding(
+      tfspmd.make_mesh((8,), ("x",)), tfspmd.P("x")))
+
+
+@case("device-put-spec-too-long", SHARDINGS,
+      "device_put of a vector with a spec of two entries", ValueError,
+      r"x of shape \(8,\) has rank 1, but NamedSharding\(.*\) splits 2 "
+      r"dimensions")
+def _():
+  tfspmd.device_put(np.zeros(8), tfspmd.sharding.NamedSharding(
+      tfspmd.make_mesh((8,), ("x",)), tfspmd.P("x", None)))
+
+
+@case("device-put-target", SHARDINGS, "device_put(x, 'gpu')", TypeError,
+      r"device_put: the `device` for x must be a NamedSharding, a "
+      r"SingleDeviceSharding, a tfspmd.Device or None, got str 'gpu'")
+def _():
+  tfspmd.device_put(np.zeros(2), "gpu")
+
+
+@case("device-put-src", SHARDINGS, "device_put(x, src=a device)", ValueError,
+      r"device_put: `src` must be None")
+def _():
+  tfspmd.device_put(np.zeros(2), src=tfspmd.devices()[0])
+
+
+@case("device-put-sharded-count", SHARDINGS,
+      "device_put_sharded of 3 shards onto 2 devices", ValueError,
+      r"device_put_sharded: `shards` has 3 entries but `devices` 2")
+def _():
+  tfspmd.device_put_sharded([np.zeros(2)] * 3, tfspmd.devices()[:2])
+
+
+@case("device-put-sharded-shapes", SHARDINGS,
+      "device_put_sharded of shards of different shapes", ValueError,
+      r"device_put_sharded: shards\[1\]\['w'\] has shape \[3\] and dtype "
+      r"float64, shards\[0\]\['w'\] \[2\] and float64")
+def _():
+  tfspmd.device_put_sharded([{"w": np.zeros(2)}, {"w": np.zeros(3)}],
+                            tfspmd.devices()[:2])
+
+
+@case("device-put-sharded-structures", SHARDINGS,
+      "device_put_sharded of shards of different structures", ValueError,
+      r"device_put_sharded: shards\[1\] has the structure \(\*, \*\), "
+      r"shards\[0\] \(\*,\)")
+def _():
+  tfspmd.device_put_sharded([(np.zeros(2),), (np.zeros(2), np.zeros(2))],
+                            tfspmd.devices()[:2])
+
+
+@case("device-put-replicated-devices", SHARDINGS,
+      "device_put_replicated(x, ['cpu:0'])", TypeError,
+      r"device_put_replicated: `devices` must be a non-empty sequence of "
+      r"tfspmd devices")
+def _():
+  tfspmd.device_put_replicated(np.zeros(2), ["cpu:0"])
+
+
+@case("device-put-sharded-device-twice", SHARDINGS,
+      "device_put_sharded onto one device twice", ValueError,
+      r"device_put_sharded: a device appears more than once in `devices`")
+def _():
+  tfspmd.device_put_sharded([np.zeros(2)] * 2, [tfspmd.devices()[0]] * 2)
+
+
+@case("local-devices-process-index", DEVICES,
+      "local_devices(process_index=3) in one process", ValueError,
+      r"local_devices: `process_index` must be the index of a process, an "
+      r"int from 0 to 0 \(1 process\(es\)\), got 3")
+def _():
+  tfspmd.local_devices(process_index=3)
+
+
+@case("jax-enable-x64-invalid", STATE, "JAX_ENABLE_X64=maybe in the environment",
+      ValueError, r"JAX_ENABLE_X64 must be one of .*'true'.*'false'.* to turn "
+      r"tfspmd_enable_x64 on or off, got 'maybe'")
+def _():
+  with mock.patch.dict(os.environ, {"JAX_ENABLE_X64": "maybe"}):
+    config_lib.Config()
+
+
+@case("vmap-spmd-axis-name-unhashable", NAMES,
+      "vmap(spmd_axis_name=['i'])", TypeError,
+      r"vmap: `spmd_axis_name` must be None, an axis name or a tuple of axis "
+      r"names, got \['i'\]")
+def _():
+  tfspmd.vmap(lambda x: x, spmd_axis_name=["i"])
 
 
 

@@ -208,6 +208,19 @@ def test_the_seed_example_started_from_tf_config():
       f"{chief},{worker}")
 
 
+def test_jax_option_names_and_shutdown():
+  # Process 0 listens on the bind address; the others reach it through the
+  # coordinator's, here the same port on another name of this host.
+  port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
+  envs = [dict(_coordinated(port, 2, k),
+               WORKER_BIND_ADDRESS=f"127.0.0.1:{port}") for k in range(2)]
+  reports = _run([("jax_options_and_shutdown", k, None, envs[k])
+                  for k in range(2)], devices=4)
+  assert reports[0]["out"] == [28, 29, 30, 31]
+  assert reports[1]["out"] == [32, 33, 34, 35]
+  assert [r["initialized_after_shutdown"] for r in reports] == [False, False]
+
+
 @pytest.mark.parametrize("how", ["coordinator", "SLURM", "Open MPI"])
 def test_the_seed_example_started_from_one_coordinator_address(how):
   # DTensor needs every process's address; the processes find each other

@@ -1,12 +1,13 @@
 """The public API carries type annotations, as the shipped `py.typed` promises.
 
 Every public callable (each name of `tfspmd.__all__`, of `tfspmd.lax`, of
-`tfspmd.distributed`, `tfspmd.tree_util` and `tfspmd.tree`, and of the public
-modules of `tfspmd.adapters`) has every parameter and its return annotated,
-and `typing.get_type_hints` resolves the annotations. For a class, that holds
-for its constructor and its public methods and properties. Type aliases
-(`tree_util.KeyPath`) and another library's classes re-exported as they are
-(optree's `PyTreeDef`) have nothing of tfspmd's to check.
+`tfspmd.distributed`, `tfspmd.sharding`, `tfspmd.tree_util` and `tfspmd.tree`,
+and of the public modules of `tfspmd.adapters`) has every parameter and its
+return annotated, and `typing.get_type_hints` resolves the annotations. For
+a class, that holds for its constructor and its public methods and
+properties. Type aliases (`tree_util.KeyPath`) and another library's classes
+re-exported as they are (optree's `PyTreeDef`) have nothing of tfspmd's to
+check.
 """
 
 import importlib
@@ -112,6 +113,8 @@ def test_the_walk_covers_the_api():
                    "tfspmd.tree_util.tree_map",
                    "tfspmd.tree_util.register_dataclass",
                    "tfspmd.tree_util.DictKey.__init__", "tfspmd.tree.map",
+                   "tfspmd.sharding.NamedSharding.__init__",
+                   "tfspmd.device_put", "tfspmd.ShardedArray.sharding.fget",
                    "tfspmd.adapters.tf_data.device_batches",
                    "tfspmd.adapters.checkpoint.restore",
                    "tfspmd.adapters.keras_training.KerasTrainer.fit"):

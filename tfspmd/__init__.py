@@ -21,6 +21,7 @@ _devices.configure_from_environment()
 # pylint: disable=g-import-not-at-top,useless-import-alias
 from tfspmd import distributed as distributed
 from tfspmd import lax as lax
+from tfspmd import sharding as sharding
 from tfspmd import tree as tree
 from tfspmd import tree_util as tree_util
 from tfspmd._src.config import config as config
@@ -41,6 +42,11 @@ from tfspmd._src.pmap import pmap as pmap
 from tfspmd._src.shard_map import shard_map as shard_map
 from tfspmd._src.sharded_array import Shard as Shard
 from tfspmd._src.sharded_array import ShardedArray as ShardedArray
+from tfspmd._src.transfers import block_until_ready as block_until_ready
+from tfspmd._src.transfers import device_get as device_get
+from tfspmd._src.transfers import device_put as device_put
+from tfspmd._src.transfers import device_put_replicated as device_put_replicated
+from tfspmd._src.transfers import device_put_sharded as device_put_sharded
 from tfspmd._src.vmap import vmap as vmap
 
 __all__ = [
@@ -50,9 +56,14 @@ __all__ = [
     "PartitionSpec",
     "Shard",
     "ShardedArray",
+    "block_until_ready",
     "config",
     "debug_mode",
     "device_count",
+    "device_get",
+    "device_put",
+    "device_put_replicated",
+    "device_put_sharded",
     "devices",
     "distributed",
     "lax",
@@ -64,6 +75,7 @@ __all__ = [
     "process_index",
     "set_num_cpu_devices",
     "shard_map",
+    "sharding",
     "tree",
     "tree_util",
     "vmap",

@@ -1,5 +1,12 @@
 """Named-axis collectives, as in `jax.lax`: use them inside a pmapped function."""
 
+from collections.abc import Hashable
+import functools
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
 # pylint: disable=useless-import-alias
 from tfspmd._src.collectives.all_to_all import all_to_all as all_to_all
 from tfspmd._src.collectives.all_to_all import pswapaxes as pswapaxes
@@ -9,10 +16,8 @@ from tfspmd._src.collectives.indexing import axis_index as axis_index
 from tfspmd._src.collectives.indexing import axis_size as axis_size
 from tfspmd._src.collectives.permute import ppermute as ppermute
 from tfspmd._src.collectives.permute import pshuffle as pshuffle
-from tfspmd._src.collectives.reductions import pmax as pmax
-from tfspmd._src.collectives.reductions import pmean as pmean
-from tfspmd._src.collectives.reductions import pmin as pmin
-from tfspmd._src.collectives.reductions import psum as psum
+from tfspmd._src.collectives import reductions as _reductions
+from tfspmd._src.tree_util import tree_map as _tree_map
 
 __all__ = [
     "all_gather",
@@ -28,3 +33,75 @@ __all__ = [
     "pshuffle",
     "pswapaxes",
 ]
+
+
+def _is_bool(leaf):
+  if isinstance(leaf, (bool, np.bool_)):
+    return True
+  return (isinstance(leaf, (np.ndarray, tf.Tensor, tf.Variable)) and
+          leaf.dtype in (np.bool_, tf.bool))
+
+
+def _taking_bools(reduction, bool_result):
+  """`reduction` that takes bool leaves as JAX's does: as int32.
+
+  Each bool leaf (Python, NumPy or tensor) is reduced as an int32 tensor; with
+  `bool_result` its result is cast back to bool, as JAX's pmax and pmin give.
+  """
+
+  @functools.wraps(reduction)
+  def reduce(x: Any, axis_name: Hashable) -> Any:
+    as_ints = _tree_map(
+        lambda leaf: tf.cast(leaf, tf.int32) if _is_bool(leaf) else leaf, x)
+    result = reduction(as_ints, axis_name)
+    if not bool_result:
+      return result
+    return _tree_map(
+        lambda out, leaf: tf.cast(out, tf.bool) if _is_bool(leaf) else out,
+        result, x)
+
+  reduce.__doc__ = reduction.__doc__.rstrip() + _BOOLS_NOTE[reduction.__name__]
+  reduce.__module__ = __name__
+  return reduce
+
+
+_BOOLS_NOTE = {
+    "psum": """
+
+  A bool leaf is summed as int32 (the number of True), as in JAX:
+
+    >>> print(tfspmd.pmap(lambda b: psum(b, 'i'), 'i')(
+    ...     tf.constant([True, False, True, True])))
+    [3 3 3 3]
+""",
+    "pmean": """
+
+  A bool leaf is averaged as int32, giving float32 (the fraction of True),
+  as in JAX:
+
+    >>> print(tfspmd.pmap(lambda b: pmean(b, 'i'), 'i')(
+    ...     tf.constant([True, False, True, True])))
+    [0.75 0.75 0.75 0.75]
+""",
+    "pmax": """
+
+  A bool leaf gives a bool, True where any device has True, as in JAX:
+
+    >>> print(tfspmd.pmap(lambda b: pmax(b, 'i'), 'i')(
+    ...     tf.constant([True, False])))
+    [ True  True]
+""",
+    "pmin": """
+
+  A bool leaf gives a bool, True where every device has True, as in JAX:
+
+    >>> print(tfspmd.pmap(lambda b: pmin(b, 'i'), 'i')(
+    ...     tf.constant([True, False])))
+    [False False]
+""",
+}
+
+psum = _taking_bools(_reductions.psum, bool_result=False)
+pmean = _taking_bools(_reductions.pmean, bool_result=False)
+pmax = _taking_bools(_reductions.pmax, bool_result=True)
+pmin = _taking_bools(_reductions.pmin, bool_result=True)

@@ -3,11 +3,14 @@
 One setting so far, `tfspmd_enable_x64` (True by default, TensorFlow's way):
 with it False, float64 NumPy inputs arrive as float32, as under JAX's default
 (`jax_enable_x64=False`), so that a float64 NumPy batch meets float32
-parameters as float32.
+parameters as float32. JAX's name for it, `jax_enable_x64`, names the same
+setting, and `JAX_ENABLE_X64` in the environment sets it at import, as JAX
+reads it.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -21,6 +24,28 @@ _NARROWER = {
 }
 
 
+X64_ENV = "JAX_ENABLE_X64"
+# The words JAX takes for a boolean variable of the environment.
+_TRUE = ("y", "yes", "t", "true", "on", "1")
+_FALSE = ("n", "no", "f", "false", "off", "0")
+# JAX's names for tfspmd's settings.
+_ALIASES = {"jax_enable_x64": "tfspmd_enable_x64"}
+
+
+def _x64_from_environment():
+  """`JAX_ENABLE_X64` as a bool, True (TensorFlow's way) when it is unset."""
+  value = os.environ.get(X64_ENV)
+  if value is None:
+    return True
+  if value.lower() in _TRUE:
+    return True
+  if value.lower() in _FALSE:
+    return False
+  raise ValueError(
+      f"{X64_ENV} must be one of {_TRUE + _FALSE} (any case) to turn "
+      f"tfspmd_enable_x64 on or off, got {value!r}.")
+
+
 class Config:
   """tfspmd's settings; read at every call, changed with `update`.
 
@@ -30,7 +55,9 @@ class Config:
       arrive as float32 and complex64, as jax arrays do by default. NumPy
       integers keep their width (JAX's int64 -> int32 would wrap large
       values), and TensorFlow tensors keep their dtype (a tensor's dtype was
-      chosen on purpose). Python floats are float32 either way.
+      chosen on purpose). Python floats are float32 either way. Also named
+      `jax_enable_x64`; `JAX_ENABLE_X64=0` (or `false`, `no`, `off`) in the
+      environment turns it off at import, `1` (`true`, `yes`, `on`) on.
 
   Example:
     >>> import numpy as np, tfspmd
@@ -45,10 +72,11 @@ class Config:
 
   def __init__(self) -> None:
     self._lock = threading.Lock()
-    self._values = {"tfspmd_enable_x64": True}
+    self._values = {"tfspmd_enable_x64": _x64_from_environment()}
 
   def __getattr__(self, name: str) -> Any:
     values = self.__dict__.get("_values", {})
+    name = _ALIASES.get(name, name)
     if name in values:
       return values[name]
     raise AttributeError(f"tfspmd.config has no setting {name!r}; it has "
@@ -57,14 +85,19 @@ class Config:
   def update(self, name: str, value: bool) -> None:
     """Sets the setting `name` to `value`.
 
+    Args:
+      name: A setting's name, tfspmd's or JAX's ('jax_enable_x64').
+      value: True or False.
+
     Raises:
       AttributeError: If there is no setting `name`.
       TypeError: If `value` is not a bool.
     """
+    name = _ALIASES.get(name, name)
     if name not in self._values:
       raise AttributeError(
           f"tfspmd.config.update: no setting {name!r}; the settings are "
-          f"{sorted(self._values)}.")
+          f"{sorted(self._values)} (JAX's names: {sorted(_ALIASES)}).")
     if not isinstance(value, bool):
       raise TypeError(
           f"tfspmd.config.update: {name} must be True or False, got "

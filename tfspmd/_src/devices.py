@@ -143,14 +143,20 @@ def _platforms_present():
   return frozenset(present)
 
 
-def process_index() -> int:
+def process_index(backend: str | None = None) -> int:
   """The index of this process among all processes (0 in a single process).
+
+  Args:
+    backend: 'cpu', 'gpu', 'tpu', or None: checked as `devices` checks it;
+      every platform of a process has the same index.
 
   Example:
     >>> import tfspmd
     >>> tfspmd.process_index()
     0
   """
+  if backend is not None:
+    resolve_backend(backend)
   return dtensor.client_id()
 
 
@@ -168,7 +174,7 @@ def process_count() -> int:
 @functools.lru_cache(maxsize=None)
 def _local_devices(platform):
   _check_runtime(platform)
-  process = process_index()
+  process = dtensor.client_id()
   count = len(_own_logical_devices(platform))
   return tuple(
       Device(id=process * count + k, platform=platform, process_index=process,
@@ -181,7 +187,7 @@ def _own_logical_devices(platform):
 
   With several processes TensorFlow lists every process's devices.
   """
-  process = process_index()
+  process = dtensor.client_id()
   return [device for device in tf.config.list_logical_devices(platform.upper())
           if tf.DeviceSpec.from_string(device.name).task in (None, process)]
 
@@ -222,21 +228,41 @@ def _full_name(process, platform, local_id):
           f"device:{platform.upper()}:{local_id}")
 
 
-def local_devices(backend: str | None = None) -> tuple[Device, ...]:
-  """The devices of this process, in order.
+def local_devices(process_index: int | None = None,  # pylint: disable=redefined-outer-name
+                  backend: str | None = None) -> tuple[Device, ...]:
+  """The devices of one process (this one by default), in order.
 
   Args:
+    process_index: The process whose devices to list, from 0; None for
+      this process.
     backend: 'cpu', 'gpu', 'tpu', or None for the default platform.
 
   Returns:
     A tuple of `Device`.
 
+  Raises:
+    ValueError: If `process_index` is not the index of a process.
+
   Example:
     >>> import tfspmd
     >>> tfspmd.local_devices()[:2]
     (Device(platform='cpu', id=0), Device(platform='cpu', id=1))
+    >>> tfspmd.local_devices(process_index=0) == tfspmd.local_devices()
+    True
   """
-  return _local_devices(resolve_backend(backend))
+  platform = resolve_backend(backend)
+  if process_index is None:
+    return _local_devices(platform)
+  count = dtensor.num_clients()
+  if (isinstance(process_index, bool) or
+      not isinstance(process_index, int) or
+      not 0 <= process_index < count):
+    raise ValueError(
+        f"local_devices: `process_index` must be the index of a process, an "
+        f"int from 0 to {count - 1} ({count} process(es)), got "
+        f"{process_index!r}.")
+  return tuple(d for d in _all_devices(platform)
+               if d.process_index == process_index)
 
 
 @functools.lru_cache(maxsize=None)
@@ -286,4 +312,4 @@ def local_device_count(backend: str | None = None) -> int:
     >>> tfspmd.local_device_count()
     8
   """
-  return len(local_devices(backend))
+  return len(local_devices(backend=backend))

@@ -48,6 +48,7 @@ NCCL_ENV = "DTENSOR_GPU_USE_NCCL_COMMUNICATION"
 
 _lock = threading.Lock()
 _cluster = None  # The `Cluster` once `initialize` succeeded.
+_shutdown_timeout_s = None  # `initialize`'s shutdown_timeout_seconds.
 _programs_traced = 0  # How many programs this process has checked.
 _POLL_S = 1.0  # How often a wait for a peer's trace looks at its health.
 
@@ -65,14 +66,23 @@ class PeerFailedError(RuntimeError):
   """
 
 
+_DETECTION_METHODS = (None, "deactivate")
+
+
 def initialize(coordinator_address: str | None = None,
                num_processes: int | None = None,
                process_id: int | None = None,
-               local_device_ids: Sequence[int] | None = None, *,
+               local_device_ids: Sequence[int] | None = None,
+               cluster_detection_method: str | None = None,
+               initialization_timeout: float = 300,
+               heartbeat_timeout_seconds: float = 100,
+               shutdown_timeout_seconds: float = 300,
+               coordinator_bind_address: str | None = None,
+               slice_index: None = None,
+               partition_index: None = None, *,
                process_addresses: Sequence[str] | None = None,
                backend: str | None = None,
-               initialization_timeout: float = 300,
-               heartbeat_timeout: float = 100) -> None:
+               heartbeat_timeout: float | None = None) -> None:
   """Joins this process to the others running the same program.
 
   Call it in every process, first thing after importing tfspmd, before any
@@ -97,7 +107,7 @@ def initialize(coordinator_address: str | None = None,
   `OMPI_MCA_orte_hnp_uri`); or on a Cloud TPU VM the slice's hosts
   (`TPU_WORKER_HOSTNAMES`, `TPU_WORKER_ID`, else the VM's metadata server;
   port 8476 unless `coordinator_address` gives one). With nothing there, it
-  initializes a single process.
+  initializes a single process. The parameters are JAX's, in JAX's order.
 
   Args:
     coordinator_address: `host:port` of process 0, where the processes find
@@ -106,14 +116,28 @@ def initialize(coordinator_address: str | None = None,
     process_id: This process's index, from 0 (default `DTENSOR_CLIENT_ID`).
     local_device_ids: GPUs only: the indices of the physical GPUs this
       process uses (as with `CUDA_VISIBLE_DEVICES`).
+    cluster_detection_method: None to read SLURM's and Open MPI's variables
+      when no coordinator is given, as above; 'deactivate' not to (JAX's
+      word). JAX's 'mpi4py' has no counterpart: under mpirun, Open MPI's
+      variables are read without it.
+    initialization_timeout: Seconds to wait for every process to join (to
+      register with the coordinator, and again for DTensor to start).
+    heartbeat_timeout_seconds: Seconds of silence after which a process
+      counts as failed, and collectives waiting on it raise
+      `PeerFailedError`.
+    shutdown_timeout_seconds: Seconds `shutdown` (and TensorFlow's own
+      barrier as the process exits) waits for the other processes.
+    coordinator_bind_address: `host:port` process 0 listens on for the
+      processes to find each other, when it differs from
+      `coordinator_address` (behind a NAT or a proxy); by default process 0
+      listens on every interface at `coordinator_address`'s port.
+    slice_index: JAX's multi-slice TPU option; must be None.
+    partition_index: JAX's option for several partitions; must be None.
     process_addresses: Instead of the coordinator: `host:port` of every
       process, in process order; each process listens on its own. The same
       list in every process.
     backend: 'cpu', 'gpu' or 'tpu'; None picks TPU, then GPU, then CPU.
-    initialization_timeout: Seconds to wait for every process to join (to
-      register with the coordinator, and again for DTensor to start).
-    heartbeat_timeout: Seconds of silence after which a process counts as
-      failed, and collectives waiting on it raise `PeerFailedError`.
+    heartbeat_timeout: tfspmd's earlier name of `heartbeat_timeout_seconds`.
 
   Raises:
     RuntimeError: If called twice, or after TensorFlow started its devices.
@@ -143,15 +167,21 @@ def initialize(coordinator_address: str | None = None,
     ...
     RuntimeError: tfspmd.distributed.initialize() came too late: ...
   """
-  global _cluster
+  global _cluster, _shutdown_timeout_s
   with _lock:
     if _cluster is not None:
       raise RuntimeError(
           f"tfspmd.distributed.initialize() was already called in this "
           f"process (process {_cluster.process_id} of "
           f"{_cluster.num_processes}); call it once.")
+    heartbeat_timeout = _heartbeat_timeout(heartbeat_timeout,
+                                           heartbeat_timeout_seconds)
+    _check_jax_only_options(cluster_detection_method, slice_index,
+                            partition_index)
     for name, value in (("initialization_timeout", initialization_timeout),
-                        ("heartbeat_timeout", heartbeat_timeout)):
+                        ("heartbeat_timeout_seconds", heartbeat_timeout),
+                        ("shutdown_timeout_seconds",
+                         shutdown_timeout_seconds)):
       # Not infinite: every wait must end, and TensorFlow takes milliseconds
       # as an int.
       if isinstance(value, bool) or not isinstance(value, (int, float)) or (
@@ -163,11 +193,15 @@ def initialize(coordinator_address: str | None = None,
       _check_num_processes(num_processes)
     if coordinator_address is not None:
       cluster_lib.split_address(coordinator_address, "coordinator_address")
+    if coordinator_bind_address is not None:
+      cluster_lib.split_address(coordinator_bind_address,
+                                "coordinator_bind_address")
     platform = devices_lib.resolve_backend(backend)
     if (process_addresses is None and
         not cluster_lib.lists_addresses(os.environ)):
       if (coordinator_address is None and num_processes is None and
-          process_id is None and platform != "tpu"):
+          process_id is None and platform != "tpu" and
+          cluster_detection_method != "deactivate"):
         launched = launchers.detect(os.environ)
         if launched is not None:
           coordinator_address, num_processes, process_id, _ = launched
@@ -178,7 +212,7 @@ def initialize(coordinator_address: str | None = None,
         _check_devices_not_started()
         process_addresses = rendezvous.exchange_addresses(
             coordinator_address, num_processes, process_id,
-            initialization_timeout)
+            initialization_timeout, bind_address=coordinator_bind_address)
         coordinator_address = None  # the exchange's, not a DTensor server's
     cluster = cluster_lib.resolve(
         coordinator_address, num_processes, process_id, process_addresses,
@@ -202,7 +236,7 @@ def initialize(coordinator_address: str | None = None,
           f"/job:{cluster.job_name}/replica:0/task:0",
           register_timeout_s=initialization_timeout,
           heartbeat_timeout_s=heartbeat_timeout,
-          shutdown_timeout_s=initialization_timeout)
+          shutdown_timeout_s=shutdown_timeout_seconds)
     try:
       # The coordination service is configured above, with timeouts.
       dtensor.initialize_accelerator_system(
@@ -213,6 +247,80 @@ def initialize(coordinator_address: str | None = None,
     if cluster.num_processes > 1:
       _check_same_device_counts(cluster, platform)
     _cluster = cluster
+    _shutdown_timeout_s = shutdown_timeout_seconds
+
+
+def _heartbeat_timeout(heartbeat_timeout, heartbeat_timeout_seconds):
+  """The heartbeat timeout, under JAX's name or tfspmd's earlier one."""
+  if heartbeat_timeout is None:
+    return heartbeat_timeout_seconds
+  if heartbeat_timeout_seconds != 100:
+    raise TypeError(
+        f"tfspmd.distributed.initialize: give `heartbeat_timeout_seconds` "
+        f"(JAX's name) or `heartbeat_timeout` (its earlier name), not both; "
+        f"got {heartbeat_timeout_seconds!r} and {heartbeat_timeout!r}.")
+  return heartbeat_timeout
+
+
+def _check_jax_only_options(cluster_detection_method, slice_index,
+                            partition_index):
+  """Raises for JAX's options that TensorFlow's runtime has nothing for."""
+  if cluster_detection_method not in _DETECTION_METHODS:
+    raise ValueError(
+        f"tfspmd.distributed.initialize: `cluster_detection_method` must be "
+        f"None (read SLURM's or Open MPI's variables) or 'deactivate', got "
+        f"{cluster_detection_method!r}. There is no 'mpi4py': under mpirun "
+        f"Open MPI's variables are read with None; otherwise pass "
+        f"coordinator_address, num_processes and process_id.")
+  for name, value in (("slice_index", slice_index),
+                      ("partition_index", partition_index)):
+    if value is not None:
+      raise ValueError(
+          f"tfspmd.distributed.initialize: `{name}` must be None, got "
+          f"{value!r}: DTensor's runtime numbers processes only, with no "
+          f"slices or partitions. Give every process its process_id.")
+
+
+def shutdown() -> None:
+  """Waits for the other processes to reach `shutdown`, then leaves them.
+
+  As `jax.distributed.shutdown`: it does nothing unless `initialize` ran.
+  It waits for this process's pending work, then for every process to call
+  `shutdown` (up to `initialize`'s `shutdown_timeout_seconds`), so no
+  process exits while another still computes with it. TensorFlow's runtime
+  stays up until the process exits (it cannot be restarted in a process):
+  afterwards `is_initialized()` is False and `initialize` cannot be called
+  again.
+
+  Raises:
+    TimeoutError: If some process did not call `shutdown` in time; the
+      message names it.
+
+  Example:
+    >>> import tfspmd
+    >>> tfspmd.distributed.shutdown()  # not initialized: nothing to do
+    >>> tfspmd.distributed.is_initialized()
+    False
+  """
+  global _cluster
+  with _lock:
+    if _cluster is None:
+      return
+    tf_internal.wait_for_pending_ops()
+    me = _cluster.process_id
+    if _cluster.num_processes > 1:
+      tf_internal.publish(f"tfspmd/shutdown/{me}", "1")
+      for other in range(_cluster.num_processes):
+        try:
+          tf_internal.read_published(f"tfspmd/shutdown/{other}",
+                                     _shutdown_timeout_s)
+        except tf.errors.DeadlineExceededError:
+          raise TimeoutError(
+              f"tfspmd.distributed.shutdown: {_cluster.describe([other])} "
+              f"did not call shutdown within shutdown_timeout_seconds="
+              f"{_shutdown_timeout_s} (this is process {me}). Every process "
+              f"calls it at the end of the same program.") from None
+    _cluster = None
 
 
 def _check_num_processes(num_processes):

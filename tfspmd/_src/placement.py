@@ -189,3 +189,26 @@ def replicated(tensor, mesh):
   """An eager tensor copied whole to every device of `mesh`, as a DTensor."""
   return dtensor.copy_to_mesh(
       tensor, dtensor.Layout.replicated(mesh, tensor.shape.rank))
+
+
+def relayout(value, placement):
+  """The DTensor `value` on `placement`, on the devices where it can be.
+
+  On the same mesh, or on a mesh of the same devices under other dimension
+  names, DTensor moves the blocks between the devices; between meshes of
+  other devices the array goes through the host.
+  """
+  layout = dtensor.fetch_layout(value)
+  if layout.mesh != placement.mesh:
+    renamed = renamed_layout(layout, placement.mesh)
+    if renamed is not None:
+      # A shard_map's mesh and a pmap's over the same devices: each device
+      # keeps its blocks.
+      value, layout = dtensor.pack(dtensor.unpack(value), renamed), renamed
+  if layout == placement.layout:
+    return value
+  if layout.mesh == placement.mesh:
+    return dtensor.relayout(value, placement.layout)
+  replicated = dtensor.Layout.replicated(layout.mesh, layout.rank)
+  host = dtensor.unpack(dtensor.relayout(value, replicated))[0].numpy()
+  return pack_global_array(host, placement)

@@ -83,7 +83,7 @@ class PmapOptions:
             f"devices=, the mapped size must equal the number of local "
             f"devices given.")
       return self.devices
-    available = devices_lib.local_devices(self.backend)
+    available = devices_lib.local_devices(backend=self.backend)
     if size > len(available):
       raise ValueError(
           f"compiling computation that requires {size} replicas, but only "

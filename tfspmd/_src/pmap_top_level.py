@@ -99,24 +99,6 @@ def _place(value, placement):
     value = value.numpy()
   elif isinstance(value, tf.Tensor):
     if dtensor.is_dtensor(value):
-      return _relayout_dtensor(value, placement)
+      return placement_lib.relayout(value, placement)
     value = value.numpy()
   return placement_lib.pack_host_array(np.asarray(value), placement)
-
-
-def _relayout_dtensor(value, placement):
-  """A DTensor argument (from a user's tf.function) on `placement`."""
-  layout = dtensor.fetch_layout(value)
-  if layout.mesh != placement.mesh:
-    renamed = placement_lib.renamed_layout(layout, placement.mesh)
-    if renamed is not None:
-      # A shard_map's mesh and a pmap's over the same devices: each device
-      # keeps its blocks.
-      value, layout = dtensor.pack(dtensor.unpack(value), renamed), renamed
-  if layout == placement.layout:
-    return value
-  if layout.mesh == placement.mesh:
-    return dtensor.relayout(value, placement.layout)
-  replicated = dtensor.Layout.replicated(layout.mesh, layout.rank)
-  host = dtensor.unpack(dtensor.relayout(value, replicated))[0].numpy()
-  return placement_lib.pack_global_array(host, placement)

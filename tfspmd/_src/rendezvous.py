@@ -27,7 +27,7 @@ _RETRY_SECONDS = 0.2
 
 
 def exchange_addresses(coordinator_address, num_processes, process_id,
-                       timeout):
+                       timeout, bind_address=None):
   """The `host:port` of every process, in process order.
 
   Args:
@@ -35,6 +35,8 @@ def exchange_addresses(coordinator_address, num_processes, process_id,
     num_processes: How many processes take part.
     process_id: This process's index.
     timeout: Seconds the whole exchange may take.
+    bind_address: `host:port` process 0 listens on, if not every interface
+      at the coordinator's port.
 
   Returns:
     A list of `host:port`, one per process; process 0's host is the
@@ -50,9 +52,12 @@ def exchange_addresses(coordinator_address, num_processes, process_id,
   host, port = cluster_lib.split_address(coordinator_address,
                                          "coordinator_address")
   deadline = time.monotonic() + timeout
+  listen = (("", port) if bind_address is None else
+            cluster_lib.split_address(bind_address, "coordinator_bind_address"))
   with _reserved_port() as own_port:
     if process_id == 0:
-      return _collect(host, port, own_port, num_processes, deadline, timeout)
+      return _collect(host, port, listen, own_port, num_processes, deadline,
+                      timeout)
     return _register(host, port, own_port, process_id, num_processes,
                    deadline, timeout)
 
@@ -68,19 +73,22 @@ def _reserved_port():
     reservation.close()
 
 
-def _collect(host, port, own_port, count, deadline, timeout):
-  """Process 0: wait for every other process, then send them the list."""
+def _collect(host, port, listen, own_port, count, deadline, timeout):
+  """Process 0: wait for every other process, then send them the list.
+
+  It listens on `listen`, `(host, port)`, and is reached at `host:port`.
+  """
   server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
   server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   members = {}  # process id -> (connection, "host:port")
   try:
     try:
-      server.bind(("", port))
+      server.bind(listen)
     except OSError as e:
       raise OSError(
           e.errno,
           f"tfspmd.distributed.initialize: process 0 cannot listen on the "
-          f"coordinator's port {port} ({e.strerror}): another program uses "
+          f"coordinator's port {listen[1]} ({e.strerror}): another program uses "
           f"it, or another process was also started with process_id=0. Give "
           f"each process its own process_id, or pick a free port for "
           f"coordinator_address.") from None

@@ -15,6 +15,7 @@ from tfspmd._src import array_ops
 from tfspmd._src import devices as devices_lib
 from tfspmd._src import distributed
 from tfspmd._src import dtensor_device
+from tfspmd._src import named_sharding
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import tf_internal
 
@@ -124,6 +125,23 @@ class ShardedArray:
   def layout(self) -> dtensor.Layout:
     """The DTensor layout of `dtensor_value`."""
     return self._placement.layout
+
+  @property
+  def sharding(self) -> named_sharding.NamedSharding:
+    """How the array lies on the devices, as a `tfspmd.sharding.NamedSharding`.
+
+    Its mesh is the DTensor mesh the array lies on, its axes named as that
+    mesh's dimensions: a shard_map's mesh has the `Mesh`'s axis names (so a
+    shard_map result's sharding names the mesh it ran on), a pmap's has one
+    axis per nested pmap, named 'axis_0', 'axis_1', ... from the outermost.
+    `tfspmd.device_put(y, x.sharding)` lays `y` out as `x`.
+
+    Example:
+      >>> import tensorflow as tf, tfspmd
+      >>> tfspmd.pmap(lambda x: x)(tf.zeros((2, 3))).sharding
+      NamedSharding(mesh=Mesh({'axis_0': 2}), spec=PartitionSpec('axis_0'))
+    """
+    return named_sharding.sharding_of(self._placement)
 
   @property
   def dtensor_value(self) -> tf.Tensor:

@@ -30,9 +30,11 @@ _do_not_convert = tf.autograph.experimental.do_not_convert
 class VmappedFunction:
   """The callable `vmap` returns; call it like the function it maps."""
 
-  def __init__(self, fun, in_axes, out_axes, axis_name, axis_size):
+  def __init__(self, fun, in_axes, out_axes, axis_name, axis_size,
+               spmd_axis_name):
     if not callable(fun):
       raise TypeError(f"vmap: `fun` must be callable, got {fun!r}.")
+    _check_spmd_axis_name(spmd_axis_name)
     arguments.check_axis_spec_tree(out_axes, "out_axes")
     self._args = mapped_args.MappedArguments("vmap", in_axes, (), axis_size)
     self._fun = fun
@@ -97,6 +99,20 @@ class VmappedFunction:
     return result.treedef.unflatten(result.values)
 
 
+def _check_spmd_axis_name(spmd_axis_name):
+  """Checks `spmd_axis_name`: None, an axis name, or a tuple of names.
+
+  It is accepted and has no effect: the values JAX computes with it are the
+  values without it (it only places the vmapped axis over the mesh axis).
+  """
+  try:
+    hash(spmd_axis_name)  # so is a tuple of hashable names
+  except TypeError:
+    raise TypeError(
+        f"vmap: `spmd_axis_name` must be None, an axis name or a tuple of "
+        f"axis names, got {spmd_axis_name!r}.") from None
+
+
 def _to_tensor(leaf):
   if isinstance(leaf, tf.Tensor):
     return leaf
@@ -117,6 +133,7 @@ def vmap(
     out_axes: Any = 0,
     axis_name: Hashable | None = None,
     axis_size: int | None = None,
+    spmd_axis_name: Hashable | tuple[Hashable, ...] | None = None,
 ) -> Callable[..., Any]:
   """Vectorizes `fun` over an axis of its arguments, like `jax.vmap`.
 
@@ -137,6 +154,10 @@ def vmap(
       that is the same for every slice), or a tree prefix of the output.
     axis_name: A hashable name for the axis, for collectives.
     axis_size: The axis size when no argument is mapped.
+    spmd_axis_name: JAX's name of the pmap or shard_map mesh axis (or
+      axes) to also split the vmapped axis over. Accepted for JAX's code,
+      with no effect: the values are those JAX gives, and the vmapped axis
+      stays whole on each device (tfspmd's vmap adds no mesh dimension).
 
   Returns:
     A callable with `fun`'s arguments (with the extra mapped axis) that
@@ -152,5 +173,7 @@ def vmap(
   """
   if fun is None:
     return functools.partial(vmap, in_axes=in_axes, out_axes=out_axes,
-                             axis_name=axis_name, axis_size=axis_size)
-  return VmappedFunction(fun, in_axes, out_axes, axis_name, axis_size)
+                             axis_name=axis_name, axis_size=axis_size,
+                             spmd_axis_name=spmd_axis_name)
+  return VmappedFunction(fun, in_axes, out_axes, axis_name, axis_size,
+                         spmd_axis_name)

@@ -1,0 +1,321 @@
+"""JAX's names, with JAX's signatures and the values JAX gives (jax 0.10.2)."""
+
+import inspect
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+import tfspmd
+from tfspmd import lax
+from tfspmd._src import placement as placement_lib
+from tfspmd.sharding import Mesh
+from tfspmd.sharding import NamedSharding
+from tfspmd.sharding import PartitionSpec as P
+from tfspmd.sharding import SingleDeviceSharding
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _no_host_packing(*args, **kwargs):
+  raise AssertionError("a device-resident value was packed from the host")
+
+
+# --- signatures -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("function, parameters", [
+    (tfspmd.local_devices, ["process_index", "backend"]),
+    (tfspmd.process_index, ["backend"]),
+    (tfspmd.device_put, ["x", "device", "src", "donate", "may_alias"]),
+    (tfspmd.device_get, ["x"]),
+    (tfspmd.block_until_ready, ["x"]),
+    (tfspmd.device_put_sharded, ["shards", "devices"]),
+    (tfspmd.device_put_replicated, ["x", "devices"]),
+    (tfspmd.distributed.shutdown, []),
+])
+def test_signatures_are_jaxs(function, parameters):
+  assert list(inspect.signature(function).parameters) == parameters
+
+
+def test_initialize_takes_jaxs_parameters_in_jaxs_order():
+  jax_order = ["coordinator_address", "num_processes", "process_id",
+               "local_device_ids", "cluster_detection_method",
+               "initialization_timeout", "heartbeat_timeout_seconds",
+               "shutdown_timeout_seconds", "coordinator_bind_address",
+               "slice_index", "partition_index"]
+  parameters = inspect.signature(tfspmd.distributed.initialize).parameters
+  assert list(parameters)[:len(jax_order)] == jax_order
+  assert parameters["initialization_timeout"].default == 300
+  assert parameters["heartbeat_timeout_seconds"].default == 100
+  assert parameters["shutdown_timeout_seconds"].default == 300
+
+
+def test_vmap_takes_spmd_axis_name():
+  assert "spmd_axis_name" in inspect.signature(tfspmd.vmap).parameters
+
+
+# --- tfspmd.sharding -------------------------------------------------------
+
+
+def test_named_sharding_has_mesh_spec_equality_and_hash():
+  mesh = tfspmd.make_mesh((4, 2), ("x", "y"))
+  s = NamedSharding(mesh, P("x"))
+  assert s.mesh is mesh and s.spec == P("x")
+  assert s == NamedSharding(mesh, P("x"))
+  assert hash(s) == hash(NamedSharding(mesh, P("x")))
+  # As in JAX, P('x') and P('x', None) are different specs of one layout.
+  assert s != NamedSharding(mesh, P("x", None))
+  assert s.is_equivalent_to(NamedSharding(mesh, P("x", None)), 2)
+  assert s.device_set == set(tfspmd.devices()) and s.num_devices == 8
+  assert repr(s) == ("NamedSharding(mesh=Mesh({'x': 4, 'y': 2}), "
+                     "spec=PartitionSpec('x'))")
+
+
+def test_sharding_module_names_jaxs_classes():
+  assert Mesh is tfspmd.Mesh and P is tfspmd.PartitionSpec
+  device = tfspmd.devices()[1]
+  assert SingleDeviceSharding(device).device_set == {device}
+  assert SingleDeviceSharding(device) == SingleDeviceSharding(device)
+
+
+# --- device_put -------------------------------------------------------------
+
+
+def test_device_put_named_sharding_splits_each_leaf_as_the_spec_says():
+  mesh = tfspmd.make_mesh((4, 2), ("x", "y"))
+  x = np.arange(16.).reshape(8, 2)
+  out = tfspmd.device_put({"a": x, "b": x[:4]}, NamedSharding(mesh, P("x")))
+  assert out["a"].sharding == NamedSharding(mesh, P("x"))
+  assert dtensor.fetch_layout(out["a"].dtensor_value) == dtensor.Layout(
+      ["x", dtensor.UNSHARDED], mesh.dtensor_mesh)
+  np.testing.assert_array_equal(out["a"], x)
+  np.testing.assert_array_equal(out["b"], x[:4])
+  # Device 2 is at ('x' 1, 'y' 0): rows 2 and 3.
+  np.testing.assert_array_equal(out["a"].addressable_shards[2].data,
+                                x[2:4])
+
+
+def test_device_put_of_a_sharded_array_relayouts_on_the_devices(monkeypatch):
+  mesh = tfspmd.make_mesh((4, 2), ("x", "y"))
+  x = np.arange(16.).reshape(8, 2)
+  by_rows = tfspmd.device_put(x, NamedSharding(mesh, P("x")))
+  monkeypatch.setattr(placement_lib, "pack_global_array", _no_host_packing)
+  monkeypatch.setattr(placement_lib, "pack_host_array", _no_host_packing)
+  by_columns = tfspmd.device_put(by_rows, NamedSharding(mesh, P(None, "y")))
+  assert by_columns.sharding == NamedSharding(mesh, P(None, "y"))
+  np.testing.assert_array_equal(by_columns, x)
+  assert tfspmd.device_put(by_rows, by_rows.sharding) is by_rows
+
+
+def test_device_put_result_goes_into_shard_map_as_it_is(monkeypatch):
+  mesh = tfspmd.make_mesh((8,), ("x",))
+  x = tfspmd.device_put(np.arange(16.), NamedSharding(mesh, P("x")))
+  monkeypatch.setattr(placement_lib, "pack_global_array", _no_host_packing)
+  monkeypatch.setattr(placement_lib, "pack_host_array", _no_host_packing)
+  f = tfspmd.shard_map(lambda b: b - lax.pmean(b, "x"), mesh=mesh,
+                       in_specs=P("x"), out_specs=P("x"))
+  # Each device's block [2k, 2k + 1] less the mean of the blocks, [7, 8].
+  np.testing.assert_allclose(f(x), np.arange(16.) - np.tile([7., 8.], 8))
+
+
+def test_device_put_on_a_device_gives_a_tensor_there():
+  device = tfspmd.devices()[3]
+  out = tfspmd.device_put(np.arange(3), device)
+  assert isinstance(out, tf.Tensor) and out.device == device.name
+  np.testing.assert_array_equal(out, [0, 1, 2])
+  split = tfspmd.pmap(lambda v: v * 2)(np.arange(8.))
+  whole = tfspmd.device_put(split, SingleDeviceSharding(device))
+  assert whole.device == device.name
+  np.testing.assert_array_equal(whole, np.arange(8.) * 2)
+
+
+def test_device_put_with_none_leaves_device_values_where_they_are():
+  split = tfspmd.pmap(lambda v: v + 1)(np.arange(8.))
+  tensor = tf.ones(2)
+  out = tfspmd.device_put([split, tensor, 5.0])
+  assert out[0] is split and out[1] is tensor
+  assert out[2].device == tfspmd.devices()[0].name
+
+
+def test_device_put_takes_a_tree_prefix_of_targets():
+  mesh = tfspmd.make_mesh((8,), ("x",))
+  device = tfspmd.devices()[1]
+  out = tfspmd.device_put((np.zeros(8), np.ones(2)),
+                          (NamedSharding(mesh, P("x")), device))
+  assert out[0].sharding == NamedSharding(mesh, P("x"))
+  assert out[1].device == device.name
+
+
+def test_device_put_donate_deletes_a_moved_input():
+  mesh = tfspmd.make_mesh((8,), ("x",))
+  split = tfspmd.pmap(lambda v: v)(np.arange(8.))
+  moved = tfspmd.device_put(split, NamedSharding(mesh, P()), donate=True)
+  assert split.is_deleted()
+  np.testing.assert_array_equal(moved, np.arange(8.))
+
+
+def test_device_put_may_alias_false_copies():
+  split = tfspmd.pmap(lambda v: v)(np.arange(8.))
+  copied = tfspmd.device_put(split, split.sharding, may_alias=False)
+  assert copied is not split
+  np.testing.assert_array_equal(copied, np.arange(8.))
+
+
+def test_a_dimension_over_two_axes_is_split_over_the_first():
+  mesh = tfspmd.make_mesh((4, 2), ("x", "y"))
+  out = tfspmd.device_put(np.arange(8.), NamedSharding(mesh, P(("x", "y"))))
+  assert out.sharding == NamedSharding(mesh, P("x"))
+  np.testing.assert_array_equal(out, np.arange(8.))
+
+
+# --- device_put_sharded / device_put_replicated -----------------------------
+
+
+def test_device_put_sharded_stacks_as_a_pmap_takes_it(monkeypatch):
+  devices = tfspmd.local_devices()[:4]
+  shards = [{"w": np.full(3, k, np.float32)} for k in range(4)]
+  stacked = tfspmd.device_put_sharded(shards, devices)
+  np.testing.assert_array_equal(
+      stacked["w"], np.repeat(np.arange(4.), 3).reshape(4, 3))
+  assert tuple(s.device for s in stacked["w"].addressable_shards) == devices
+  monkeypatch.setattr(placement_lib, "pack_host_array", _no_host_packing)
+  out = tfspmd.pmap(lambda t: t["w"] + lax.psum(t["w"], "i"), "i",
+                    devices=devices)(stacked)
+  np.testing.assert_array_equal(out, np.repeat(np.arange(4.) + 6, 3)
+                                .reshape(4, 3))
+
+
+def test_device_put_replicated_gives_every_device_x():
+  devices = tfspmd.local_devices()[:3]
+  out = tfspmd.device_put_replicated(np.array([1, 2]), devices)
+  np.testing.assert_array_equal(out, [[1, 2]] * 3)
+  assert tuple(s.device for s in out.addressable_shards) == devices
+  np.testing.assert_array_equal(
+      tfspmd.pmap(lambda v: v * 10, devices=devices)(out), [[10, 20]] * 3)
+
+
+# --- device_get / block_until_ready ------------------------------------------
+
+
+def test_device_get_fetches_arrays_and_leaves_the_rest():
+  split = tfspmd.pmap(lambda v: v * 2)(np.arange(4, dtype=np.int32))
+  out = tfspmd.device_get([1, split, tf.ones(2), "a", np.ones(1)])
+  assert out[0] == 1 and out[3] == "a"
+  assert isinstance(out[1], np.ndarray) and isinstance(out[2], np.ndarray)
+  np.testing.assert_array_equal(out[1], [0, 2, 4, 6])
+  np.testing.assert_array_equal(out[2], [1., 1.])
+
+
+def test_block_until_ready_returns_its_argument():
+  split = tfspmd.pmap(lambda v: v + 1)(np.arange(8.))
+  tree = {"a": split, "b": 1}
+  assert tfspmd.block_until_ready(tree) is tree
+
+
+# --- sharding of results ----------------------------------------------------
+
+
+def test_a_pmap_result_names_its_mesh_axis_axis_0():
+  out = tfspmd.pmap(lambda v: v)(np.zeros((4, 3)))
+  assert out.sharding.spec == P("axis_0")
+  assert out.sharding.mesh.shape == {"axis_0": 4}
+
+
+def test_a_shard_map_result_names_the_mesh_it_ran_on():
+  mesh = tfspmd.make_mesh((4, 2), ("x", "y"))
+  f = tfspmd.shard_map(lambda b: b * 2, mesh=mesh, in_specs=P("x", "y"),
+                       out_specs=P("x", "y"))
+  assert f(np.zeros((8, 4))).sharding == NamedSharding(mesh, P("x", "y"))
+
+
+# --- devices ----------------------------------------------------------------
+
+
+def test_local_devices_of_a_process_index():
+  assert tfspmd.local_devices(process_index=0) == tfspmd.local_devices()
+  assert tfspmd.local_devices(0, "cpu") == tfspmd.local_devices()
+  assert tfspmd.process_index(backend="cpu") == 0
+
+
+# --- collectives of bools: JAX's dtypes --------------------------------------
+
+
+@pytest.mark.parametrize("name, expected, dtype", [
+    ("psum", [3, 3, 3, 3], tf.int32),
+    ("pmax", [True] * 4, tf.bool),
+    ("pmin", [False] * 4, tf.bool),
+    ("pmean", [0.75] * 4, tf.float32),
+])
+def test_reductions_of_bools_as_jax(name, expected, dtype):
+  reduce = getattr(lax, name)
+  out = tfspmd.pmap(lambda b: reduce(b, "i"), "i")(
+      np.array([True, False, True, True]))
+  assert out.dtype == dtype
+  np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("name, expected, dtype", [
+    ("psum", [4, 4], tf.int32),
+    ("pmax", [True, True], tf.bool),
+    ("pmin", [True, True], tf.bool),
+    ("pmean", [1., 1.], tf.float32),
+])
+def test_reductions_of_a_python_bool_as_jax(name, expected, dtype):
+  reduce = getattr(lax, name)
+  out = tfspmd.vmap(lambda v: reduce({"t": True}, "b")["t"], axis_name="b",
+                    axis_size=4)(np.zeros(4))
+  assert out.dtype == dtype
+  np.testing.assert_array_equal(out[:2], expected)
+
+
+def test_other_leaves_of_a_tree_keep_their_reduction():
+  out = tfspmd.pmap(lambda v: lax.psum((v, v > 1), "i"), "i")(np.arange(4.))
+  np.testing.assert_array_equal(out[0], [6.] * 4)
+  np.testing.assert_array_equal(out[1], [2] * 4)
+
+
+# --- vmap(spmd_axis_name=...) -----------------------------------------------
+
+
+def test_vmap_spmd_axis_name_gives_jaxs_values():
+  # jax.pmap(jax.vmap(f, axis_name='b', spmd_axis_name='i'), axis_name='i')
+  f = tfspmd.pmap(tfspmd.vmap(lambda v: v * 2 + lax.psum(v, "b"),
+                              axis_name="b", spmd_axis_name="i"),
+                  axis_name="i")
+  np.testing.assert_array_equal(
+      f(np.arange(8.).reshape(4, 2)),
+      [[1., 3.], [9., 11.], [17., 19.], [25., 27.]])
+
+
+# --- JAX_ENABLE_X64 -----------------------------------------------------------
+
+
+def _dtype_under(value):
+  """The dtype a float64 NumPy input arrives as, with JAX_ENABLE_X64=value."""
+  env = dict(os.environ, JAX_ENABLE_X64=value, PYTHONPATH=_ROOT)
+  code = ("import numpy as np, tfspmd; "
+          "print(tfspmd.config.jax_enable_x64, "
+          "tfspmd.pmap(lambda x: x)(np.ones(2)).dtype.name)")
+  done = subprocess.run([sys.executable, "-c", code], env=env, cwd=_ROOT,
+                        capture_output=True, text=True, timeout=300,
+                        check=False)
+  return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
+
+
+def test_jax_enable_x64_in_the_environment_sets_x64_at_import():
+  assert _dtype_under("0") == "False float32"
+  assert _dtype_under("true") == "True float64"
+
+
+def test_jax_enable_x64_is_tfspmds_x64_switch():
+  tfspmd.config.update("jax_enable_x64", False)
+  try:
+    assert not tfspmd.config.tfspmd_enable_x64
+    assert tfspmd.pmap(lambda x: x)(np.ones(2)).dtype == tf.float32
+  finally:
+    tfspmd.config.update("jax_enable_x64", True)

@@ -1,0 +1,22 @@
+"""JAX's `jax.sharding`: meshes, partition specs and shardings.
+
+>>> import numpy as np, tfspmd
+>>> from tfspmd.sharding import Mesh, NamedSharding, PartitionSpec as P
+>>> mesh = Mesh(np.array(tfspmd.devices()).reshape(4, 2), ('x', 'y'))
+>>> x = tfspmd.device_put(np.arange(8.), NamedSharding(mesh, P('x')))
+>>> x.sharding == NamedSharding(mesh, P('x'))
+True
+"""
+
+# pylint: disable=useless-import-alias
+from tfspmd._src.named_mesh import Mesh as Mesh
+from tfspmd._src.named_mesh import PartitionSpec as PartitionSpec
+from tfspmd._src.named_sharding import NamedSharding as NamedSharding
+from tfspmd._src.named_sharding import SingleDeviceSharding as SingleDeviceSharding
+
+__all__ = [
+    "Mesh",
+    "NamedSharding",
+    "PartitionSpec",
+    "SingleDeviceSharding",
+]
