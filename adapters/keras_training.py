@@ -404,8 +404,9 @@ class KerasTrainer:
       self._state, step_logs = self._train_call(steps)(state, batch)
       self._devices_ahead = True
       step += steps
+      # In sorted order, as Keras 3 reports them.
       logs = {name: float(np.asarray(value)[0, -1])
-              for name, value in step_logs.items()}
+              for name, value in sorted(step_logs.items())}
       callback_list.on_train_batch_end(step - 1, logs)
       if self.model.stop_training:
         break
@@ -418,8 +419,9 @@ class KerasTrainer:
       return logs
     if validation is not None:
       validation_logs = self._test_logs(validation, callback_list)
-      logs = {**logs, **{f"val_{name}": value
-                         for name, value in validation_logs.items()}}
+      logs = dict(sorted({**logs, **{f"val_{name}": value
+                                     for name, value in
+                                     validation_logs.items()}}.items()))
     self.sync_to_model()
     callback_list.on_epoch_end(epoch, logs)
     return logs
@@ -473,7 +475,8 @@ class KerasTrainer:
     for step, batch in enumerate(batches):
       callback_list.on_test_batch_begin(step)
       metrics, logs = self._test_call(trainable, non_trainable, metrics, batch)
-      logs = {name: float(np.asarray(value)) for name, value in logs.items()}
+      logs = {name: float(np.asarray(value))
+              for name, value in sorted(logs.items())}
       callback_list.on_test_batch_end(step, logs)
     callback_list.on_test_end(logs)
     return logs
