@@ -34,6 +34,7 @@ from tfspmd._src.devices import local_devices as local_devices
 from tfspmd._src.devices import process_count as process_count
 from tfspmd._src.devices import process_index as process_index
 from tfspmd._src.devices import set_num_cpu_devices as set_num_cpu_devices
+from tfspmd._src.mesh_context import set_mesh as set_mesh
 from tfspmd._src.named_mesh import Mesh as Mesh
 from tfspmd._src.named_mesh import PartitionSpec as PartitionSpec
 from tfspmd._src.named_mesh import PartitionSpec as P
@@ -73,6 +74,7 @@ __all__ = [
     "pmap",
     "process_count",
     "process_index",
+    "set_mesh",
     "set_num_cpu_devices",
     "shard_map",
     "sharding",
