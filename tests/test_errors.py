@@ -1027,6 +1027,15 @@ def _():
   tfspmd.set_mesh("mesh")
 
 
+@case("make-mesh-axis-types", SHARD_MAP,
+      "mesh axis types that are not one AxisType per axis", ValueError,
+      r"make_mesh: `axis_types` must hold one tfspmd.sharding.AxisType per "
+      r"axis name \('data', 'model'\), got \(Auto,\)")
+def _():
+  tfspmd.make_mesh((2, 4), ("data", "model"),
+                   (tfspmd.sharding.AxisType.Auto,))
+
+
 @case("make-mesh-too-big", SHARD_MAP, "a mesh bigger than the devices there are",
       ValueError, r"a mesh of shape \(4, 4\) needs 16 devices, only 8 are "
       r"available")

@@ -175,3 +175,21 @@ def test_set_mesh_is_per_thread(mesh):
 
 def test_sharding_set_mesh_is_tfspmd_set_mesh():
   assert tfspmd.sharding.set_mesh is tfspmd.set_mesh
+
+
+def test_axis_types_are_recorded_with_jaxs_defaults():
+  auto, explicit = tfspmd.sharding.AxisType.Auto, tfspmd.sharding.AxisType.Explicit
+  assert tfspmd.make_mesh((4, 2), ("x", "y")).axis_types == (explicit, explicit)
+  devices = np.array(tfspmd.devices()).reshape(4, 2)
+  assert tfspmd.Mesh(devices, ("x", "y")).axis_types == (auto, auto)
+  mesh = tfspmd.make_mesh((4, 2), ("x", "y"), (auto, explicit))
+  assert mesh.axis_types == (auto, explicit)
+  assert repr(auto) == "Auto"
+
+
+def test_axis_types_change_nothing(mesh):
+  auto = tfspmd.sharding.AxisType.Auto
+  auto_mesh = tfspmd.make_mesh((4, 2), ("x", "y"), (auto, auto))
+  f = tfspmd.shard_map(row_sums_minus_mean, mesh=auto_mesh,
+                       in_specs=P("x", "y"), out_specs=P("x", None))
+  np.testing.assert_allclose(f(X), expected_row_sums_minus_mean(X))

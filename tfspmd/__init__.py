@@ -39,6 +39,7 @@ from tfspmd._src.named_mesh import Mesh as Mesh
 from tfspmd._src.named_mesh import PartitionSpec as PartitionSpec
 from tfspmd._src.named_mesh import PartitionSpec as P
 from tfspmd._src.named_mesh import make_mesh as make_mesh
+from tfspmd._src.named_sharding import NamedSharding as NamedSharding
 from tfspmd._src.pmap import pmap as pmap
 from tfspmd._src.shard_map import shard_map as shard_map
 from tfspmd._src.sharded_array import Shard as Shard
@@ -53,6 +54,7 @@ from tfspmd._src.vmap import vmap as vmap
 __all__ = [
     "Device",
     "Mesh",
+    "NamedSharding",
     "P",
     "PartitionSpec",
     "Shard",
