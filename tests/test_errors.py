@@ -979,6 +979,63 @@ def _():
                    out_specs=tfspmd.P())
 
 
+@case("shard-map-no-mesh", SHARD_MAP,
+      "a shard_map without a mesh called where tfspmd.set_mesh set none",
+      ValueError, r"shard_map: no `mesh` was given and none is set: pass "
+      r"mesh=\.\.\., or call the function inside `with tfspmd.set_mesh")
+def _():
+  tfspmd.shard_map(lambda b: b, in_specs=tfspmd.P(),
+                   out_specs=tfspmd.P())(np.zeros(4))
+
+
+@case("shard-map-missing-specs", SHARD_MAP, "a shard_map without out_specs",
+      TypeError, r"shard_map: `out_specs` is missing: give a tfspmd.P per "
+      r"output")
+def _():
+  tfspmd.shard_map(lambda b: b, _mesh(), tfspmd.P())
+
+
+@case("shard-map-check-rep-and-check-vma", SHARD_MAP,
+      "both check_rep and its newer name check_vma", TypeError,
+      r"shard_map: give `check_vma` or its older name `check_rep`, not both")
+def _():
+  tfspmd.shard_map(lambda b: b, _mesh(), tfspmd.P(), tfspmd.P(),
+                   check_rep=True, check_vma=True)
+
+
+@case("shard-map-check-rep-not-bool", SHARD_MAP,
+      "a check_rep that is not True or False", TypeError,
+      r"shard_map: `check_rep` must be True or False, got 'yes'")
+def _():
+  tfspmd.shard_map(lambda b: b, _mesh(), tfspmd.P(), tfspmd.P(),
+                   check_rep="yes")
+
+
+@case("shard-map-auto", SHARD_MAP,
+      "mesh axes left automatic (the older shard_map's `auto`)", ValueError,
+      r"shard_map: `auto` must be empty, got \{'model'\}")
+def _():
+  tfspmd.shard_map(lambda b: b, _mesh(), tfspmd.P("data"), tfspmd.P("data"),
+                   auto=frozenset({"model"}))
+
+
+@case("set-mesh-not-a-mesh", SHARD_MAP,
+      "tfspmd.set_mesh of something that is not a tfspmd.Mesh", TypeError,
+      r"set_mesh: `mesh` must be a tfspmd.Mesh \(tfspmd.make_mesh\(\.\.\.\)\) "
+      r"or None, got str")
+def _():
+  tfspmd.set_mesh("mesh")
+
+
+@case("make-mesh-axis-types", SHARD_MAP,
+      "mesh axis types that are not one AxisType per axis", ValueError,
+      r"make_mesh: `axis_types` must hold one tfspmd.sharding.AxisType per "
+      r"axis name \('data', 'model'\), got \(Auto,\)")
+def _():
+  tfspmd.make_mesh((2, 4), ("data", "model"),
+                   (tfspmd.sharding.AxisType.Auto,))
+
+
 @case("make-mesh-too-big", SHARD_MAP, "a mesh bigger than the devices there are",
       ValueError, r"a mesh of shape \(4, 4\) needs 16 devices, only 8 are "
       r"available")

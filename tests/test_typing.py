@@ -56,7 +56,8 @@ def _class_callables(cls, qualname):
         function = getattr(member, accessor)
         if function is not None:
           found.append((f"{qualname}.{name}.{accessor}", function))
-    elif inspect.isfunction(member):
+    elif inspect.isfunction(member) and member.__module__.startswith("tfspmd"):
+      # Another library's function put there (Enum's __new__) is its to annotate.
       found.append((f"{qualname}.{name}", member))
   return found
 

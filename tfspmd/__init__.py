@@ -34,10 +34,12 @@ from tfspmd._src.devices import local_devices as local_devices
 from tfspmd._src.devices import process_count as process_count
 from tfspmd._src.devices import process_index as process_index
 from tfspmd._src.devices import set_num_cpu_devices as set_num_cpu_devices
+from tfspmd._src.mesh_context import set_mesh as set_mesh
 from tfspmd._src.named_mesh import Mesh as Mesh
 from tfspmd._src.named_mesh import PartitionSpec as PartitionSpec
 from tfspmd._src.named_mesh import PartitionSpec as P
 from tfspmd._src.named_mesh import make_mesh as make_mesh
+from tfspmd._src.named_sharding import NamedSharding as NamedSharding
 from tfspmd._src.pmap import pmap as pmap
 from tfspmd._src.shard_map import shard_map as shard_map
 from tfspmd._src.sharded_array import Shard as Shard
@@ -52,6 +54,7 @@ from tfspmd._src.vmap import vmap as vmap
 __all__ = [
     "Device",
     "Mesh",
+    "NamedSharding",
     "P",
     "PartitionSpec",
     "Shard",
@@ -73,6 +76,7 @@ __all__ = [
     "pmap",
     "process_count",
     "process_index",
+    "set_mesh",
     "set_num_cpu_devices",
     "shard_map",
     "sharding",

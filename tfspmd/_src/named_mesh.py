@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from collections.abc import Sequence
+import enum
 import math
 from typing import Any
 
@@ -53,6 +54,56 @@ class PartitionSpec(tuple):
     return tuple(entry) if isinstance(entry, tuple) else (entry,)
 
 
+class AxisType(enum.Enum):
+  """JAX's kinds of mesh axis, which a `Mesh` records.
+
+  In JAX they say whether `jax.jit` places arrays along the axis itself
+  (`Auto`), keeps the placement in each array's type (`Explicit`) or leaves
+  it to the program (`Manual`). tfspmd places arrays only by `device_put`,
+  pmap and shard_map, which treat every kind alike.
+
+  Example:
+    >>> import tfspmd
+    >>> from tfspmd.sharding import AxisType
+    >>> mesh = tfspmd.make_mesh((4, 2), ('x', 'y'),
+    ...                         (AxisType.Auto, AxisType.Auto))
+    >>> mesh.axis_types
+    (Auto, Auto)
+  """
+
+  Auto = enum.auto()
+  Explicit = enum.auto()
+  Manual = enum.auto()
+
+  def __repr__(self) -> str:
+    return self.name
+
+
+def _as_axis_names(axis_names):
+  """A tuple of names: one name (such as 'x') stands for a tuple of it."""
+  if isinstance(axis_names, (str, bytes)) or not isinstance(
+      axis_names, (tuple, list)):
+    return (axis_names,)
+  return tuple(axis_names)
+
+
+def _checked_axis_types(axis_types, axis_names, default, caller):
+  if axis_types is None:
+    return (default,) * len(axis_names)
+  if isinstance(axis_types, AxisType):
+    axis_types = (axis_types,)
+  try:
+    axis_types = tuple(axis_types)
+  except TypeError:
+    axis_types = (axis_types,)  # not a sequence: the check below names it
+  if (len(axis_types) != len(axis_names) or
+      not all(isinstance(t, AxisType) for t in axis_types)):
+    raise ValueError(
+        f"{caller}: `axis_types` must hold one tfspmd.sharding.AxisType per "
+        f"axis name {axis_names}, got {axis_types!r}.")
+  return axis_types
+
+
 class Mesh:
   """Devices in an array whose axes have names.
 
@@ -60,6 +111,8 @@ class Mesh:
     devices: A NumPy array (or nested list) of `tfspmd.Device`s, one axis
       per name.
     axis_names: A name for each axis of `devices`.
+    axis_types: An `AxisType` per axis (by default `AxisType.Auto`, as in
+      JAX); recorded in `axis_types`, with the same behaviour for each.
 
   Example:
     >>> import numpy as np, tfspmd
@@ -70,12 +123,10 @@ class Mesh:
   """
 
   def __init__(self, devices: Any,
-               axis_names: Hashable | Sequence[Hashable]) -> None:
+               axis_names: Hashable | Sequence[Hashable],
+               axis_types: AxisType | Sequence[AxisType] | None = None) -> None:
     devices = np.array(devices, dtype=object)
-    if isinstance(axis_names, (str, bytes)) or not isinstance(
-        axis_names, (tuple, list)):
-      axis_names = (axis_names,)
-    axis_names = tuple(axis_names)
+    axis_names = _as_axis_names(axis_names)
     if devices.ndim != len(axis_names):
       raise ValueError(
           f"Mesh: `devices` has {devices.ndim} axes (shape {devices.shape}) "
@@ -95,10 +146,16 @@ class Mesh:
       raise ValueError("Mesh: a device appears more than once in `devices`.")
     self._devices = devices
     self._axis_names = axis_names
+    self._axis_types = _checked_axis_types(axis_types, axis_names,
+                                           AxisType.Auto, "Mesh")
 
   @property
   def axis_names(self) -> tuple[Hashable, ...]:
     return self._axis_names
+
+  @property
+  def axis_types(self) -> tuple[AxisType, ...]:
+    return self._axis_types
 
   @property
   def shape(self) -> dict[Hashable, int]:
@@ -172,9 +229,13 @@ class Mesh:
 
 
 def make_mesh(axis_shapes: Sequence[int],
-              axis_names: Hashable | Sequence[Hashable], *,
+              axis_names: Hashable | Sequence[Hashable],
+              axis_types: AxisType | Sequence[AxisType] | None = None, *,
               devices: Sequence[devices_lib.Device] | None = None) -> Mesh:
   """A `Mesh` of the given shape over the first devices (or `devices`).
+
+  `axis_types` are recorded in the mesh (by default `AxisType.Explicit`,
+  as `jax.make_mesh` gives), with the same behaviour for each.
 
   Example:
     >>> import tfspmd
@@ -197,5 +258,7 @@ def make_mesh(axis_shapes: Sequence[int],
         f"make_mesh: a mesh of shape {axis_shapes} needs {count} devices, "
         f"{'only ' if devices is None else ''}{len(available)} "
         f"{'are available' if devices is None else 'were given'}.")
+  axis_types = _checked_axis_types(axis_types, _as_axis_names(axis_names),
+                                   AxisType.Explicit, "make_mesh")
   return Mesh(np.array(available[:count], dtype=object).reshape(axis_shapes),
-              axis_names)
+              axis_names, axis_types)

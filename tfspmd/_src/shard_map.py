@@ -26,6 +26,8 @@ passes its part of every input, placed as the global array
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Hashable
+from collections.abc import Set as AbstractSet
 import functools
 import math
 from typing import Any
@@ -38,6 +40,7 @@ from tfspmd._src import arguments
 from tfspmd._src import array_ops
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
+from tfspmd._src import mesh_context
 from tfspmd._src import pmap as pmap_lib
 from tfspmd._src import pmap_options
 from tfspmd._src import shard_map_gradient
@@ -190,24 +193,30 @@ def _join_output(value, spec, mesh):
   return array_ops.wrap(joined, value)
 
 
+def _checked_in_specs(fun, in_specs, out_specs, check_vma):
+  """`in_specs` as a spec tree of the arguments, once the arguments check."""
+  if not callable(fun):
+    raise TypeError(f"shard_map: `f` must be callable, got {fun!r}.")
+  if not isinstance(check_vma, bool):
+    raise TypeError(f"shard_map: `check_vma` must be True or False, got "
+                    f"{check_vma!r}.")
+  if not (_is_spec(in_specs) or isinstance(in_specs, tuple)):
+    in_specs = (in_specs,)  # the spec tree of a single argument
+  # The spec trees are checked now, their leaves against each value.
+  _map_specs(in_specs, lambda s: s, "in_specs")
+  _map_specs(out_specs, lambda s: s, "out_specs")
+  return in_specs
+
+
 class ShardMappedFunction:
   """The callable `shard_map` returns."""
 
   def __init__(self, fun, mesh, in_specs, out_specs, check_vma):
-    if not callable(fun):
-      raise TypeError(f"shard_map: `f` must be callable, got {fun!r}.")
+    in_specs = _checked_in_specs(fun, in_specs, out_specs, check_vma)
     if not isinstance(mesh, Mesh):
       raise TypeError(
           f"shard_map: `mesh` must be a tfspmd.Mesh (tfspmd.make_mesh(...)), "
           f"got {type(mesh).__name__}.")
-    if not isinstance(check_vma, bool):
-      raise TypeError(f"shard_map: `check_vma` must be True or False, got "
-                      f"{check_vma!r}.")
-    if not (_is_spec(in_specs) or isinstance(in_specs, tuple)):
-      in_specs = (in_specs,)  # the spec tree of a single argument
-    # The spec trees are checked now, their leaves against each value.
-    _map_specs(in_specs, lambda s: s, "in_specs")
-    _map_specs(out_specs, lambda s: s, "out_specs")
     self._fun = fun
     self._mesh = mesh
     self._in_specs = in_specs
@@ -301,30 +310,74 @@ class ShardMappedFunction:
             out_treedef, out_specs)
 
 
+class ContextMeshFunction:
+  """The callable `shard_map` returns without a mesh.
+
+  Each call runs over the mesh `tfspmd.set_mesh` set at that time, with the
+  `ShardMappedFunction` of that mesh, kept so that its traces are reused.
+  """
+
+  def __init__(self, fun, in_specs, out_specs, check_vma):
+    in_specs = _checked_in_specs(fun, in_specs, out_specs, check_vma)
+    self._make = functools.partial(ShardMappedFunction, fun,
+                                   in_specs=in_specs, out_specs=out_specs,
+                                   check_vma=check_vma)
+    self._by_mesh = {}
+    functools.update_wrapper(self, fun, updated=())
+
+  @tf.autograph.experimental.do_not_convert
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    mesh = mesh_context.get_mesh()
+    if mesh is None:
+      raise ValueError(
+          "shard_map: no `mesh` was given and none is set: pass mesh=..., "
+          "or call the function inside `with tfspmd.set_mesh(mesh):`.")
+    if mesh not in self._by_mesh:
+      self._by_mesh[mesh] = self._make(mesh)
+    return self._by_mesh[mesh](*args, **kwargs)
+
+
+# Tells a missing in_specs or out_specs from None, which is a spec.
+_REQUIRED = object()
+
+
 def shard_map(
-    f: Callable[..., Any] | None = None, *,
-    mesh: Mesh,
-    in_specs: Any,
-    out_specs: Any,
-    check_vma: bool = True,
+    f: Callable[..., Any] | None = None,
+    mesh: Mesh | None = None,
+    in_specs: Any = _REQUIRED,
+    out_specs: Any = _REQUIRED,
+    check_rep: bool | None = None,
+    auto: AbstractSet[Hashable] = frozenset(),
+    *,
+    check_vma: bool | None = None,
 ) -> Callable[..., Any]:
   """Runs `f` on every device's blocks of arrays split over a named mesh.
+
+  It takes JAX's `jax.shard_map(f, *, mesh, in_specs, out_specs,
+  check_vma)` and the older `jax.experimental.shard_map.shard_map(f, mesh,
+  in_specs, out_specs, check_rep, auto)`, positional or by keyword; without
+  `f`, it returns a decorator.
 
   Args:
     f: The per-device function: it gets each argument's block (the global
       shape divided along the dimensions its spec splits) and may use every
       `tfspmd.lax` collective over the mesh's axis names (or tuples of them).
-    mesh: A `tfspmd.Mesh`.
+    mesh: A `tfspmd.Mesh`. If None, each call runs over the mesh
+      `tfspmd.set_mesh` set at that time (a mesh given here is used even
+      where `set_mesh` set another).
     in_specs: A `tfspmd.P` per positional argument (or a tree prefix of the
       arguments): which mesh axes split each dimension. An axis it does not
       name gives every device along it the same block.
     out_specs: A `tfspmd.P` per output (or a tree prefix): how the blocks
       form the global result. An output must be the same along every mesh
       axis its spec leaves out.
-    check_vma: If True, an output that varies along a mesh axis its out
-      spec leaves out is an error at trace time. If False, it is not
-      checked, and, as in JAX, the result holds the block of the first
-      device along each such axis (position 0 there), the others' dropped.
+    check_rep: The older name of `check_vma`; give one of them.
+    auto: Must be empty: `f` is per device along every mesh axis.
+    check_vma: If True (the default), an output that varies along a mesh
+      axis its out spec leaves out is an error at trace time. If False, it
+      is not checked, and, as in JAX, the result holds the block of the
+      first device along each such axis (position 0 there), the others'
+      dropped.
 
   Returns:
     A function of global arrays returning global arrays: `ShardedArray`s
@@ -386,7 +439,30 @@ def shard_map(
     the axis size times this process's value). A result, or its
     `dtensor_value`, goes back in as the global array.
   """
+  for name, value in (("in_specs", in_specs), ("out_specs", out_specs)):
+    if value is _REQUIRED:
+      raise TypeError(
+          f"shard_map: `{name}` is missing: give a tfspmd.P per "
+          f"{'argument' if name == 'in_specs' else 'output'} (or a tree "
+          f"prefix of them).")
+  if check_rep is not None:
+    if check_vma is not None:
+      raise TypeError(
+          "shard_map: give `check_vma` or its older name `check_rep`, not "
+          "both.")
+    if not isinstance(check_rep, bool):
+      raise TypeError(f"shard_map: `check_rep` must be True or False, got "
+                      f"{check_rep!r}.")
+  check = check_vma if check_rep is None else check_rep
+  check = True if check is None else check
+  if auto:
+    raise ValueError(
+        f"shard_map: `auto` must be empty, got {set(auto)}: f is per device "
+        f"along every mesh axis. Drop `auto` and use collectives over those "
+        f"axes, or leave them out of the mesh.")
   if f is None:
     return functools.partial(shard_map, mesh=mesh, in_specs=in_specs,
-                             out_specs=out_specs, check_vma=check_vma)
-  return ShardMappedFunction(f, mesh, in_specs, out_specs, check_vma)
+                             out_specs=out_specs, check_vma=check)
+  if mesh is None:
+    return ContextMeshFunction(f, in_specs, out_specs, check)
+  return ShardMappedFunction(f, mesh, in_specs, out_specs, check)
