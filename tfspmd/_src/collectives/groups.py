@@ -114,7 +114,8 @@ def resolve(axis_index_groups, targets, function):
     raise ValueError(
         f"{function}: axis_index_groups must all be the same size, but got "
         f"groups of sizes {sizes} ({[list(g) for g in members]}); split the "
-        f"axis into groups of one size (JAX requires it too).")
+        f"axis into groups of one size (JAX refuses others on TPU, and its "
+        f"pmean divides by the first group's size).")
   return Groups(members)
 
 
