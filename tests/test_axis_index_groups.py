@@ -112,7 +112,8 @@ def test_psum_example_from_jax():
 
 
 def test_all_gather_keeps_the_order_the_group_lists():
-  got = run(lambda v: lax.all_gather(v, "i", axis_index_groups=[[3, 0], [2, 1]]),
+  got = run(lambda v: lax.all_gather(v, "i",
+                                     axis_index_groups=[[3, 0], [2, 1]]),
             np.arange(4))
   np.testing.assert_array_equal(got, [[3, 0], [2, 1], [2, 1], [3, 0]])
 
@@ -153,7 +154,7 @@ def test_debug_mode_gives_the_compiled_result(name):
                              grouped(x, members, reference), rtol=1e-5)
 
 
-# --- nested pmaps: rows 'r' (2) x columns 'c' (4) --------------------------------
+# --- nested pmaps: rows 'r' (2) x columns 'c' (4) -----------------------------
 
 
 def nested(function, debug=False):
@@ -216,7 +217,20 @@ def test_nested_over_one_axis():
                                 np.broadcast_to(x.max(0), x.shape))
 
 
-# --- gradients -----------------------------------------------------------------
+def test_shard_map_over_both_mesh_axes():
+  members = GROUPS["shuffled"]
+  mesh = tfspmd.Mesh(np.array(tfspmd.devices()[:N]).reshape(2, 4), ("r", "c"))
+  f = tfspmd.shard_map(
+      lambda v: lax.psum(v, ("r", "c"), axis_index_groups=members), mesh=mesh,
+      in_specs=tfspmd.P("r", "c"), out_specs=tfspmd.P("r", "c"))
+  x = data(2, 4)
+  np.testing.assert_allclose(
+      np.asarray(f(x)),
+      over_linear(x, ("r", "c"), members, lambda vs, k: np.sum(vs, 0)),
+      rtol=1e-5)
+
+
+# --- gradients ----------------------------------------------------------------
 
 
 def per_device_gradient(collective, x, cotangent, debug=False):
@@ -234,8 +248,9 @@ def numeric_gradient(program, x, cotangent):
       lambda value: float(np.sum(cotangent * program(value))), x)
 
 
-@pytest.mark.parametrize("name", ["psum", "pmax", "all_gather_tiled",
-                                  "psum_scatter", "all_to_all_split_1_concat_0"])
+@pytest.mark.parametrize("name", [
+    "psum", "pmax", "all_gather_tiled", "psum_scatter",
+    "all_to_all_split_1_concat_0"])
 def test_gradient_matches_finite_differences(name):
   members = GROUPS["shuffled"]
   collective, shape, _ = cases(2)[name]
@@ -265,8 +280,8 @@ def test_gradient_with_the_tape_around_the_pmap():
   members = GROUPS["shuffled"]
   x = tf.constant(data(N, 3))
   cotangent = data(N, 3, seed=1)
-  mapped = tfspmd.pmap(lambda v: lax.psum(v * v, "i", axis_index_groups=members),
-                       axis_name="i")
+  mapped = tfspmd.pmap(
+      lambda v: lax.psum(v * v, "i", axis_index_groups=members), axis_name="i")
   with tf.GradientTape() as tape:
     tape.watch(x)
     loss = tf.reduce_sum(tf.convert_to_tensor(mapped(x)) * cotangent)

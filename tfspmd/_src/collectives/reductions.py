@@ -5,7 +5,8 @@ all-reduce over the mesh dimension. The result is the same on every position
 of the axis, so it leaves the converter unstacked (no broadcast back).
 Transposes: the cotangent of psum is the psum of the cotangent; pmax and
 pmin send the summed cotangent to the positions that hold the extremum,
-split evenly between ties.
+split evenly between ties. With `axis_index_groups`, each runs within the
+groups (see `groups`), its transpose within the same groups.
 
 Python numbers and NumPy values are the same on every device: their
 reductions are computed while tracing and come back as host values of the
@@ -81,7 +82,8 @@ def psum(x: Any, axis_name: Hashable, *,
 
     Sums within groups of devices:
 
-    >>> g = lambda x: tfspmd.lax.psum(x, 'i', axis_index_groups=[[0, 1], [2, 3]])
+    >>> groups = [[0, 1], [2, 3]]
+    >>> g = lambda x: tfspmd.lax.psum(x, 'i', axis_index_groups=groups)
     >>> print(tfspmd.pmap(g, axis_name='i')(tf.range(4.)))
     [1. 1. 5. 5.]
 
@@ -198,7 +200,8 @@ def pmax(x: Any, axis_name: Hashable, *,
     >>> print(tfspmd.pmap(lambda x: tfspmd.lax.pmax(x, 'i'), 'i')(
     ...     tf.constant([3., 7., 1., 5.])))
     [7. 7. 7. 7.]
-    >>> f = lambda x: tfspmd.lax.pmax(x, 'i', axis_index_groups=[[0, 2], [1, 3]])
+    >>> groups = [[0, 2], [1, 3]]
+    >>> f = lambda x: tfspmd.lax.pmax(x, 'i', axis_index_groups=groups)
     >>> print(tfspmd.pmap(f, 'i')(tf.constant([3., 7., 1., 5.])))
     [3. 7. 3. 7.]
   """
