@@ -44,6 +44,8 @@ _ATTRIBUTE = re.compile(r'\b(reduce_op|merge_op) = "(\w+)"')
 def cases(count):
   """{name: (per-device program, per-device shape)} for `count` devices."""
   ring = [(i, (i + 1) % count) for i in range(count)]
+  # Pairs of devices count // 2 apart, as the size GROUP_SIZE needs.
+  pairs = [[i, i + count // 2] for i in range(count // 2)]
 
   def nested_psum(x):
     inner = tfspmd.pmap(lambda y: lax.psum(y, "rows"), axis_name="cols")
@@ -68,7 +70,20 @@ def cases(count):
                      None),
       f"psum over rows of a nested 2 x {count // 2} pmap": (nested_psum,
                                                            "nested"),
+      f"psum, axis_index_groups={pairs}": (
+          lambda x: lax.psum(x, AXIS, axis_index_groups=pairs), None),
+      "all_gather, the same groups": (
+          lambda x: lax.all_gather(x, AXIS, axis_index_groups=pairs), None),
+      "psum_scatter, the same groups": (
+          lambda x: lax.psum_scatter(x, AXIS, axis_index_groups=pairs),
+          "blocked by group"),
+      "all_to_all, the same groups": (
+          lambda x: lax.all_to_all(x, AXIS, 0, 0, axis_index_groups=pairs),
+          "blocked by group"),
   }
+
+
+GROUP_SIZE = 2
 
 
 def _dumps():
@@ -112,6 +127,9 @@ def main():
   for name, (program, kind) in cases(count).items():
     if kind == "blocked":
       shape = (count, count, max(1, options.floats // count))
+      mapped = tfspmd.pmap(program, axis_name=AXIS)
+    elif kind == "blocked by group":
+      shape = (count, GROUP_SIZE, max(1, options.floats // GROUP_SIZE))
       mapped = tfspmd.pmap(program, axis_name=AXIS)
     elif kind == "nested":
       shape = (2, count // 2, options.floats)

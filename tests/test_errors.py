@@ -674,6 +674,82 @@ def _():
 def _():
   P(lambda v: lax.pswapaxes(v, "i", 5), "i")(np.zeros((2, 2)))
 
+
+@case("axis-index-groups-not-lists", COLLECTIVES,
+      "psum with axis_index_groups=[0, 1] (not a list of lists)", TypeError,
+      r"psum: axis_index_groups must be a list of lists of ints .*, got "
+      r"\[0, 1\]")
+def _():
+  P(lambda v: lax.psum(v, "i", axis_index_groups=[0, 1]), "i")(np.zeros(2))
+
+
+@case("axis-index-groups-not-ints", COLLECTIVES,
+      "all_gather with axis_index_groups holding a float", TypeError,
+      r"all_gather: axis_index_groups must be a list of lists of ints")
+def _():
+  P(lambda v: lax.all_gather(v, "i", axis_index_groups=[[0.0, 1]]), "i")(
+      np.zeros(2))
+
+
+@case("axis-index-groups-empty", COLLECTIVES,
+      "pmean with axis_index_groups=[]", ValueError,
+      r"pmean: axis_index_groups must hold at least one group, each of at "
+      r"least one index, got \[\]")
+def _():
+  P(lambda v: lax.pmean(v, "i", axis_index_groups=[]), "i")(np.zeros(2))
+
+
+@case("axis-index-groups-out-of-range", COLLECTIVES,
+      "psum with axis_index_groups naming index 5 on an axis of size 4",
+      ValueError,
+      r"psum: axis_index_groups has index 5, out of range for the axis 'i' of "
+      r"size 4; indices must be in \[0, 4\)")
+def _():
+  P(lambda v: lax.psum(v, "i", axis_index_groups=[[0, 1], [2, 5]]), "i")(
+      np.zeros(4))
+
+
+@case("axis-index-groups-not-a-partition", COLLECTIVES,
+      "pmax with axis_index_groups that repeat an index and leave one out",
+      ValueError,
+      r"pmax: axis_index_groups must cover all indices exactly once: every "
+      r"index of the axis 'i' of size 4 in exactly one group, but got "
+      r"\[\[0, 1\], \[1, 3\]\]")
+def _():
+  P(lambda v: lax.pmax(v, "i", axis_index_groups=[[0, 1], [1, 3]]), "i")(
+      np.zeros(4))
+
+
+@case("axis-index-groups-unequal", COLLECTIVES,
+      "psum_scatter with axis_index_groups of sizes 3 and 1", ValueError,
+      r"psum_scatter: axis_index_groups must all be the same size, but got "
+      r"groups of sizes \[1, 3\]")
+def _():
+  P(lambda v: lax.psum_scatter(v, "i", axis_index_groups=[[0, 1, 2], [3]]),
+    "i")(np.zeros((4, 2)))
+
+
+@case("axis-index-groups-tuple-of-axes", COLLECTIVES,
+      "all_to_all over ('i', 'j') with axis_index_groups of the inner axis "
+      "only", ValueError,
+      r"all_to_all: axis_index_groups must cover all indices exactly once: "
+      r"every index of the axes \('i', 'j'\) of size 4 \(their linear index, "
+      r"the first name major\)")
+def _():
+  P(P(lambda v: lax.all_to_all(v, ("i", "j"), 0, 0,
+                               axis_index_groups=[[0], [1]]), "j"), "i")(
+                                   np.zeros((2, 2, 1)))
+
+
+@case("axis-index-groups-split-size", COLLECTIVES,
+      "all_to_all with axis_index_groups, splitting a dimension whose size is "
+      "the axis size, not the group size", ValueError,
+      r"all_to_all: the dimension `split_axis` has size 4, but must equal the "
+      r"size of each axis_index_groups group 2")
+def _():
+  P(lambda v: lax.all_to_all(v, "i", 0, 0, axis_index_groups=[[0, 1], [2, 3]]),
+    "i")(np.zeros((4, 4)))
+
 # --- ops inside the mapped function -------------------------------------------------
 
 

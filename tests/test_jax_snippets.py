@@ -17,7 +17,6 @@ import dataclasses
 from dataclasses import dataclass
 from dataclasses import field
 from functools import partial
-import inspect
 import operator
 
 import numpy as np
@@ -37,14 +36,6 @@ def no_mesh_left_set():
   tfspmd.set_mesh(None)
 
 
-def needs_axis_index_groups():
-  """xfail while the collectives take no `axis_index_groups`."""
-  takes = "axis_index_groups" in inspect.signature(lax.psum).parameters
-  return pytest.mark.xfail(
-      not takes, strict=True,
-      reason="the collectives take no axis_index_groups")
-
-
 # --- jax.lax.psum (jax/_src/lax/parallel.py) ---------------------------------
 
 
@@ -60,7 +51,6 @@ def test_psum_docstring_normalize():
   np.testing.assert_allclose(y, [0., 0.16666667, 0.33333334, 0.5], rtol=1e-6)
 
 
-@needs_axis_index_groups()
 def test_psum_docstring_axis_index_groups_1d():
   x = np.arange(4)
   y = tfspmd.pmap(lambda x: tfspmd.lax.psum(x, 'i', axis_index_groups=[[0, 1], [2, 3]]), axis_name='i')(x)
@@ -73,7 +63,6 @@ def test_psum_docstring_2d():
   np.testing.assert_array_equal(y, [[24, 28, 32, 36]] * 4)
 
 
-@needs_axis_index_groups()
 def test_psum_docstring_axis_index_groups_2d():
   x = np.arange(16).reshape(4, 4)
   y = tfspmd.pmap(lambda x: tfspmd.lax.psum(x, 'i', axis_index_groups=[[0, 1], [2, 3]]), axis_name='i')(x)
@@ -142,7 +131,6 @@ def test_all_gather_docstring():
   np.testing.assert_array_equal(y, [[0, 1, 2, 3]] * 4)
 
 
-@needs_axis_index_groups()
 def test_all_gather_docstring_axis_index_groups():
   x = np.arange(16).reshape(4, 4)
   def f(x):
@@ -166,7 +154,6 @@ def test_psum_scatter_docstring_tiled():
   np.testing.assert_array_equal(y, [[24], [28], [32], [36]])
 
 
-@needs_axis_index_groups()
 def test_psum_scatter_docstring_axis_index_groups():
   x = np.arange(16).reshape(4, 4)
   def f(x):

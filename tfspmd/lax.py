@@ -1,6 +1,7 @@
 """Named-axis collectives, as in `jax.lax`: use them inside a pmapped function."""
 
 from collections.abc import Hashable
+from collections.abc import Sequence
 import functools
 from typing import Any
 
@@ -50,10 +51,11 @@ def _taking_bools(reduction, bool_result):
   """
 
   @functools.wraps(reduction)
-  def reduce(x: Any, axis_name: Hashable) -> Any:
+  def reduce(x: Any, axis_name: Hashable, *,
+             axis_index_groups: Sequence[Sequence[int]] | None = None) -> Any:
     as_ints = _tree_map(
         lambda leaf: tf.cast(leaf, tf.int32) if _is_bool(leaf) else leaf, x)
-    result = reduction(as_ints, axis_name)
+    result = reduction(as_ints, axis_name, axis_index_groups=axis_index_groups)
     if not bool_result:
       return result
     return _tree_map(

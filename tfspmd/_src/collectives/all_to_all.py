@@ -9,6 +9,7 @@ with the split and concat axes swapped.
 from __future__ import annotations
 
 from collections.abc import Hashable
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from tensorflow.experimental import dtensor
 from tfspmd._src import axis_env
 from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
+from tfspmd._src.collectives import groups as groups_lib
 from tfspmd._src.collectives import marker
 from tfspmd._src.collectives import pin
 from tfspmd._src.collectives import resplit
@@ -85,7 +87,7 @@ def _exchange(tensor, split, frame, batch_dims):
       exchanged.shape.rank - 1))
 
 
-def _all_to_all_leaf(value, targets, split_axis, concat_axis, tiled,
+def _all_to_all_leaf(value, targets, groups, split_axis, concat_axis, tiled,
                      function, names=("split_axis", "concat_axis")):
   """One leaf's all_to_all; `names` are the user's names of the two axes."""
   rank = value.shape.rank
@@ -93,10 +95,10 @@ def _all_to_all_leaf(value, targets, split_axis, concat_axis, tiled,
                                      function=function)
   concat_axis = checks.normalize_axis(concat_axis, rank, argument=names[1],
                                       function=function)
-  size = checks.total_size(targets)
+  size = groups_lib.size(targets, groups)
   checks.check_divisible(value.shape[split_axis], size,
                          argument=names[0], function=function,
-                         tiled=tiled)
+                         tiled=tiled, groups=groups is not None)
 
   shape = value.shape.as_list()
   if tiled:
@@ -106,22 +108,29 @@ def _all_to_all_leaf(value, targets, split_axis, concat_axis, tiled,
     del shape[split_axis]
     shape.insert(concat_axis, size)
   return marker.with_transpose(
-      value, targets, _all_to_all_step(split_axis, concat_axis, tiled),
+      value, targets,
+      groups_lib.within(_all_to_all_step(split_axis, concat_axis, tiled),
+                        groups),
       function,
-      lambda cotangent: _all_to_all_leaf(cotangent, targets, concat_axis,
-                                         split_axis, tiled, function,
-                                         names[::-1]),
+      lambda cotangent: _all_to_all_leaf(cotangent, targets, groups,
+                                         concat_axis, split_axis, tiled,
+                                         function, names[::-1]),
       result_shape=shape, joint=True)
 
 
 def all_to_all(x: Any, axis_name: Hashable, split_axis: int, concat_axis: int,
-               *, tiled: bool = False) -> Any:
+               *, axis_index_groups: Sequence[Sequence[int]] | None = None,
+               tiled: bool = False) -> Any:
   """Splits `x` along `split_axis`, sends block i to device i, joins at `concat_axis`.
 
   Without `tiled`, `x.shape[split_axis]` must equal the axis size; the split
   axis disappears and a new axis of the senders appears at `concat_axis`.
   With `tiled`, the split axis shrinks by the axis size and `concat_axis`
   grows by it.
+
+  With `axis_index_groups` (see `psum`), the exchange runs within each group:
+  the group's size takes the place of the axis size, and the k-th device a
+  group lists sends and receives block k.
 
   Example:
     >>> import tensorflow as tf, tfspmd
@@ -131,13 +140,19 @@ def all_to_all(x: Any, axis_name: Hashable, split_axis: int, concat_axis: int,
      [1 3]]
   """
   targets = axis_env.normalize_axis_names(axis_name, "all_to_all")
+  groups = groups_lib.resolve(axis_index_groups, targets, "all_to_all")
   return checks.leafwise(
-      lambda v: _all_to_all_leaf(v, targets, split_axis, concat_axis, tiled,
-                                 "all_to_all"), x, collective="all_to_all")
+      lambda v: _all_to_all_leaf(v, targets, groups, split_axis, concat_axis,
+                                 tiled, "all_to_all"), x,
+      collective="all_to_all")
 
 
-def pswapaxes(x: Any, axis_name: Hashable, axis: int) -> Any:
+def pswapaxes(x: Any, axis_name: Hashable, axis: int, *,
+              axis_index_groups: Sequence[Sequence[int]] | None = None) -> Any:
   """Swaps the mapped axis with the per-device axis `axis` (same size).
+
+  With `axis_index_groups` (see `psum`), it swaps within each group, whose
+  size `axis` then has.
 
   Example:
     >>> import tensorflow as tf, tfspmd
@@ -147,7 +162,8 @@ def pswapaxes(x: Any, axis_name: Hashable, axis: int) -> Any:
      [1 3]]
   """
   targets = axis_env.normalize_axis_names(axis_name, "pswapaxes")
+  groups = groups_lib.resolve(axis_index_groups, targets, "pswapaxes")
   return checks.leafwise(
-      lambda v: _all_to_all_leaf(v, targets, axis, axis, False, "pswapaxes",
-                                 ("axis", "axis")), x,
+      lambda v: _all_to_all_leaf(v, targets, groups, axis, axis, False,
+                                 "pswapaxes", ("axis", "axis")), x,
       collective="pswapaxes")

@@ -101,14 +101,20 @@ def total_size(frames):
   return size
 
 
-def check_divisible(extent, size, *, argument, function, tiled):
+def check_divisible(extent, size, *, argument, function, tiled, groups=False):
+  """Checks a dimension split in `size` blocks, one per device.
+
+  With `groups`, `size` is the size of each of axis_index_groups' groups.
+  """
+  what = ("the size of each axis_index_groups group" if groups else
+          "the axis size")
   if tiled:
     if extent % size:
       raise ValueError(
           f"{function}: with tiled=True the dimension `{argument}` "
-          f"(size {extent}) must divide evenly by the axis size {size}.")
+          f"(size {extent}) must divide evenly by {what} {size}.")
   elif extent != size:
     raise ValueError(
         f"{function}: the dimension `{argument}` has size {extent}, but must "
-        f"equal the axis size {size} (or pass tiled=True to split it in "
+        f"equal {what} {size} (or pass tiled=True to split it in "
         f"{size} blocks).")

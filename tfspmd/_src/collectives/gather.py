@@ -11,6 +11,7 @@ each).
 from __future__ import annotations
 
 from collections.abc import Hashable
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -19,6 +20,7 @@ from tensorflow.experimental import dtensor
 from tfspmd._src import axis_env
 from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
+from tfspmd._src.collectives import groups as groups_lib
 from tfspmd._src.collectives import marker
 from tfspmd._src.collectives import pin
 from tfspmd._src.collectives import resplit
@@ -94,7 +96,7 @@ def _reduce_scatter(tensor, axis, tiled, resplitter):
   return tf.reduce_sum(resplitter.split_along(blocks, 1), axis=0)
 
 
-def _all_gather_leaf(value, targets, axis, tiled):
+def _all_gather_leaf(value, targets, groups, axis, tiled):
   rank = value.shape.rank
   if tiled and rank == 0:
     raise ValueError(
@@ -107,27 +109,30 @@ def _all_gather_leaf(value, targets, axis, tiled):
                              f"per-device value of rank {rank} and the new "
                              f"axis)"))
 
-  size = checks.total_size(targets)
+  size = groups_lib.size(targets, groups)
   shape = value.shape.as_list()
   if tiled:
     shape[axis] *= size
   else:
     shape.insert(axis, size)
   return marker.with_transpose(
-      value, targets, _gather_step(axis, tiled), "all_gather",
-      lambda cotangent: _psum_scatter_leaf(cotangent, targets, axis, tiled),
-      result_shape=shape, joint=True, varies=False)
+      value, targets,
+      groups_lib.within(_gather_step(axis, tiled), groups), "all_gather",
+      lambda cotangent: _psum_scatter_leaf(cotangent, targets, groups, axis,
+                                           tiled),
+      # Each group gathers its own values: the result varies between them.
+      result_shape=shape, joint=True, varies=groups is not None)
 
 
-def _psum_scatter_leaf(value, targets, dimension, tiled):
+def _psum_scatter_leaf(value, targets, groups, dimension, tiled):
   rank = value.shape.rank
   dimension = checks.normalize_axis(dimension, rank,
                                     argument="scatter_dimension",
                                     function="psum_scatter")
-  size = checks.total_size(targets)
+  size = groups_lib.size(targets, groups)
   checks.check_divisible(value.shape[dimension], size,
                          argument="scatter_dimension", function="psum_scatter",
-                         tiled=tiled)
+                         tiled=tiled, groups=groups is not None)
 
   shape = value.shape.as_list()
   if tiled:
@@ -135,19 +140,26 @@ def _psum_scatter_leaf(value, targets, dimension, tiled):
   else:
     del shape[dimension]
   return marker.with_transpose(
-      value, targets, _scatter_step(dimension, tiled), "psum_scatter",
-      lambda cotangent: _all_gather_leaf(cotangent, targets, dimension, tiled),
+      value, targets,
+      groups_lib.within(_scatter_step(dimension, tiled), groups),
+      "psum_scatter",
+      lambda cotangent: _all_gather_leaf(cotangent, targets, groups,
+                                         dimension, tiled),
       result_shape=shape, joint=True)
 
 
-def all_gather(x: Any, axis_name: Hashable, *, axis: int = 0,
-               tiled: bool = False) -> Any:
+def all_gather(x: Any, axis_name: Hashable, *,
+               axis_index_groups: Sequence[Sequence[int]] | None = None,
+               axis: int = 0, tiled: bool = False) -> Any:
   """Gathers `x` from every device of the named axis.
 
   Args:
     x: A tensor or pytree of tensors.
     axis_name: A bound axis name, or a tuple of names: then the devices of
       all of them, ordered by their linear index (the first name major).
+    axis_index_groups: Optional groups of axis indices (see `psum`): each
+      device gathers from the devices of its group only, in the order the
+      group lists them, and the gathered axis has the group's size.
     axis: Where the new axis of the devices goes in the result (negative
       counts from the end of the result).
     tiled: If True, concatenate along `axis` instead of stacking a new axis.
@@ -161,13 +173,23 @@ def all_gather(x: Any, axis_name: Hashable, *, axis: int = 0,
     >>> f = tfspmd.pmap(lambda x: tfspmd.lax.all_gather(x, 'i'), 'i')
     >>> print(f(tf.range(3))[1])
     tf.Tensor([0 1 2], shape=(3,), dtype=int32)
+    >>> g = lambda x: tfspmd.lax.all_gather(x, 'i',
+    ...                                     axis_index_groups=[[0, 2], [3, 1]])
+    >>> print(tfspmd.pmap(g, 'i')(tf.range(4)))
+    [[0 2]
+     [3 1]
+     [0 2]
+     [3 1]]
   """
   targets = axis_env.normalize_axis_names(axis_name, "all_gather")
-  return checks.leafwise(lambda v: _all_gather_leaf(v, targets, axis, tiled),
-                         x, collective="all_gather")
+  groups = groups_lib.resolve(axis_index_groups, targets, "all_gather")
+  return checks.leafwise(
+      lambda v: _all_gather_leaf(v, targets, groups, axis, tiled), x,
+      collective="all_gather")
 
 
 def psum_scatter(x: Any, axis_name: Hashable, *, scatter_dimension: int = 0,
+                 axis_index_groups: Sequence[Sequence[int]] | None = None,
                  tiled: bool = False) -> Any:
   """Sums `x` over the named axis and gives each device one block of the sum.
 
@@ -177,6 +199,9 @@ def psum_scatter(x: Any, axis_name: Hashable, *, scatter_dimension: int = 0,
       their linear index (the first name major) gets block k.
     scatter_dimension: The dimension split between the devices; its size must
       equal the axis size (or divide by it when tiled).
+    axis_index_groups: Optional groups of axis indices (see `psum`): each
+      group sums on its own, and the k-th device its group lists gets block
+      k; the dimension's size is then that of a group.
     tiled: If True, keep the dimension (with size divided by the axis size)
       instead of removing it.
 
@@ -187,6 +212,8 @@ def psum_scatter(x: Any, axis_name: Hashable, *, scatter_dimension: int = 0,
     [2. 4.]
   """
   targets = axis_env.normalize_axis_names(axis_name, "psum_scatter")
+  groups = groups_lib.resolve(axis_index_groups, targets, "psum_scatter")
   return checks.leafwise(
-      lambda v: _psum_scatter_leaf(v, targets, scatter_dimension, tiled), x,
+      lambda v: _psum_scatter_leaf(v, targets, groups, scatter_dimension,
+                                   tiled), x,
       collective="psum_scatter", accepts=checks.NUMBERS)

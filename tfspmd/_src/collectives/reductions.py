@@ -5,7 +5,8 @@ all-reduce over the mesh dimension. The result is the same on every position
 of the axis, so it leaves the converter unstacked (no broadcast back).
 Transposes: the cotangent of psum is the psum of the cotangent; pmax and
 pmin send the summed cotangent to the positions that hold the extremum,
-split evenly between ties.
+split evenly between ties. With `axis_index_groups`, each runs within the
+groups (see `groups`), its transpose within the same groups.
 
 Python numbers and NumPy values are the same on every device: their
 reductions are computed while tracing and come back as host values of the
@@ -15,6 +16,7 @@ operand's type, as in JAX (see `constants`).
 from __future__ import annotations
 
 from collections.abc import Hashable
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -22,6 +24,7 @@ import tensorflow as tf
 from tfspmd._src import axis_env
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import constants
+from tfspmd._src.collectives import groups as groups_lib
 from tfspmd._src.collectives import marker
 
 
@@ -31,14 +34,16 @@ def _sum_step(tensor, stacked, frame, _):
   return tensor * tf.cast(frame.size, tensor.dtype), False
 
 
-def _psum_leaf(value, targets, function="psum"):
+def _psum_leaf(value, targets, groups, function="psum"):
+  step = groups_lib.within(_sum_step, groups)
   return marker.with_transpose(
-      value, targets, _sum_step, function,
-      lambda cotangent: _psum_leaf(cotangent, targets),
-      transpose_step=_sum_step)
+      value, targets, step, function,
+      lambda cotangent: _psum_leaf(cotangent, targets, groups),
+      joint=groups is not None, transpose_step=step)
 
 
-def psum(x: Any, axis_name: Hashable) -> Any:
+def psum(x: Any, axis_name: Hashable, *,
+         axis_index_groups: Sequence[Sequence[int]] | None = None) -> Any:
   """Sums `x` over the devices of the named axis (or axes).
 
   A leaf of `x` that is a Python number (int, float or complex) or a NumPy
@@ -53,19 +58,34 @@ def psum(x: Any, axis_name: Hashable) -> Any:
     x: A tensor, Python number or NumPy value, or a pytree of them.
     axis_name: An axis name bound by an enclosing `pmap`/`vmap`, or a tuple
       of such names to sum over all of them.
+    axis_index_groups: Optional groups of axis indices (a list of lists of
+      ints, such as `[[0, 1], [2, 3]]` on an axis of size 4): each index in
+      exactly one group, all groups of one size. Each device then sums over
+      its own group only. For a tuple of names, the indices are the linear
+      index over them (the first name major).
 
   Returns:
     The sum, with the structure and shapes of `x`, the same on every device
-    of the named axes.
+    of the named axes (of each group, with `axis_index_groups`).
 
   Raises:
     NameError: If an axis name is not bound by an enclosing map.
+    TypeError: If `axis_index_groups` is not a list of lists of ints.
+    ValueError: If `axis_index_groups` does not cover every index once in
+      groups of one size.
 
   Example:
     >>> import tensorflow as tf, tfspmd
     >>> f = lambda x: x / tfspmd.lax.psum(x, axis_name='i')
     >>> print(tfspmd.pmap(f, axis_name='i')(tf.range(4.)))
     [0.         0.16666667 0.33333334 0.5       ]
+
+    Sums within groups of devices:
+
+    >>> groups = [[0, 1], [2, 3]]
+    >>> g = lambda x: tfspmd.lax.psum(x, 'i', axis_index_groups=groups)
+    >>> print(tfspmd.pmap(g, axis_name='i')(tf.range(4.)))
+    [1. 1. 5. 5.]
 
     The axis size as a Python int drives a Python loop, here a ring sum:
 
@@ -81,13 +101,15 @@ def psum(x: Any, axis_name: Hashable) -> Any:
     [6. 6. 6. 6.]
   """
   targets = axis_env.normalize_axis_names(axis_name, "psum")
-  size = checks.total_size(targets)
-  return checks.leafwise(lambda leaf: _psum_leaf(leaf, targets), x,
+  groups = groups_lib.resolve(axis_index_groups, targets, "psum")
+  size = groups_lib.size(targets, groups)
+  return checks.leafwise(lambda leaf: _psum_leaf(leaf, targets, groups), x,
                          collective="psum", accepts=checks.NUMBERS,
                          constant=lambda leaf: constants.scaled(leaf, size))
 
 
-def pmean(x: Any, axis_name: Hashable) -> Any:
+def pmean(x: Any, axis_name: Hashable, *,
+          axis_index_groups: Sequence[Sequence[int]] | None = None) -> Any:
   """Averages `x` over the devices of the named axis (or axes).
 
   Integers give floats: float64 for int64, uint32 and uint64 (so large
@@ -98,6 +120,9 @@ def pmean(x: Any, axis_name: Hashable) -> Any:
   value, `x` up to rounding, of the type Python's or NumPy's division gives
   (`pmean(1, 'i')` is the Python float 1.0; NumPy int32 gives float64).
 
+  With `axis_index_groups` (see `psum`), each device averages over its own
+  group.
+
   Example:
     >>> import tensorflow as tf, tfspmd
     >>> print(tfspmd.pmap(lambda x: tfspmd.lax.pmean(x, 'i'), 'i')(tf.range(4.)))
@@ -107,10 +132,12 @@ def pmean(x: Any, axis_name: Hashable) -> Any:
     [0. 3. 6. 9.]
   """
   targets = axis_env.normalize_axis_names(axis_name, "pmean")
-  count = checks.total_size(targets)
+  groups = groups_lib.resolve(axis_index_groups, targets, "pmean")
+  count = groups_lib.size(targets, groups)
 
   def mean(leaf):
-    total = checks.as_int64(lambda v: _psum_leaf(v, targets, "pmean"), leaf)
+    total = checks.as_int64(
+        lambda v: _psum_leaf(v, targets, groups, "pmean"), leaf)
     if total.dtype.is_integer:
       # 64-bit integers keep their precision in float64 (2**40 + 1.5 stays
       # exact); narrower ones give float32, as JAX's pmean does.
@@ -132,19 +159,21 @@ def _extremum_step(reduce):
   return step
 
 
-def _extremum(x, axis_name, function, reduce):
+def _extremum(x, axis_name, axis_index_groups, function, reduce):
   targets = axis_env.normalize_axis_names(axis_name, function)
-  step = _extremum_step(reduce)
+  groups = groups_lib.resolve(axis_index_groups, targets, function)
+  step = groups_lib.within(_extremum_step(reduce), groups)
 
   def leaf_extremum(leaf):
     @tf.custom_gradient
     def extremum_with_transpose(value):
-      result = marker.over_axes(value, targets, step, function)
+      result = marker.over_axes(value, targets, step, function,
+                                joint=groups is not None)
 
       def transpose(cotangent):
         holds = tf.cast(tf.equal(value, result), cotangent.dtype)
-        return (_psum_leaf(cotangent, targets) * holds /
-                _psum_leaf(holds, targets))
+        return (_psum_leaf(cotangent, targets, groups) * holds /
+                _psum_leaf(holds, targets, groups))
 
       return result, transpose
 
@@ -155,10 +184,13 @@ def _extremum(x, axis_name, function, reduce):
                          constant=lambda leaf: leaf)
 
 
-def pmax(x: Any, axis_name: Hashable) -> Any:
+def pmax(x: Any, axis_name: Hashable, *,
+         axis_index_groups: Sequence[Sequence[int]] | None = None) -> Any:
   """The elementwise maximum of `x` over the devices of the named axis (or axes).
 
   Its gradient goes to the device(s) holding the maximum, split between ties.
+  With `axis_index_groups` (see `psum`), each device takes the maximum over
+  its own group.
   A leaf that is a Python number or a NumPy value is the same on every
   device, so its maximum is that leaf itself, returned as it is (JAX
   returns it as an array).
@@ -168,15 +200,21 @@ def pmax(x: Any, axis_name: Hashable) -> Any:
     >>> print(tfspmd.pmap(lambda x: tfspmd.lax.pmax(x, 'i'), 'i')(
     ...     tf.constant([3., 7., 1., 5.])))
     [7. 7. 7. 7.]
+    >>> groups = [[0, 2], [1, 3]]
+    >>> f = lambda x: tfspmd.lax.pmax(x, 'i', axis_index_groups=groups)
+    >>> print(tfspmd.pmap(f, 'i')(tf.constant([3., 7., 1., 5.])))
+    [3. 7. 3. 7.]
   """
-  return _extremum(x, axis_name, "pmax", tf.reduce_max)
+  return _extremum(x, axis_name, axis_index_groups, "pmax", tf.reduce_max)
 
 
-def pmin(x: Any, axis_name: Hashable) -> Any:
+def pmin(x: Any, axis_name: Hashable, *,
+         axis_index_groups: Sequence[Sequence[int]] | None = None) -> Any:
   """The elementwise minimum of `x` over the devices of the named axis (or axes).
 
   A leaf that is a Python number or a NumPy value is returned as it is, as
-  `pmax` does.
+  `pmax` does. With `axis_index_groups` (see `psum`), each device takes the
+  minimum over its own group.
 
   Example:
     >>> import tensorflow as tf, tfspmd
@@ -184,4 +222,4 @@ def pmin(x: Any, axis_name: Hashable) -> Any:
     ...     tf.constant([3., 7., 1., 5.])))
     [1. 1. 1. 1.]
   """
-  return _extremum(x, axis_name, "pmin", tf.reduce_min)
+  return _extremum(x, axis_name, axis_index_groups, "pmin", tf.reduce_min)
