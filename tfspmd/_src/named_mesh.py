@@ -228,6 +228,29 @@ class Mesh:
     return f"Mesh({{{axes}}})"
 
 
+def check_spec_axes(spec: PartitionSpec, mesh: Mesh, named: str) -> None:
+  """Raises unless each axis `spec` names is one of `mesh`'s, named once.
+
+  Args:
+    spec: The partition spec.
+    mesh: The mesh it splits values over.
+    named: What the messages call the spec ("shard_map: in spec P('x') for
+      args[0]").
+  """
+  seen = set()
+  for dimension in range(len(spec)):
+    for name in spec.axes_of(dimension):
+      if name not in mesh.shape:
+        raise ValueError(
+            f"{named} names the axis {name!r}, which is not an axis of the "
+            f"mesh (axes: {mesh.axis_names}).")
+      if name in seen:
+        raise ValueError(
+            f"{named} names the mesh axis {name!r} twice; each mesh axis may "
+            f"split one dimension.")
+      seen.add(name)
+
+
 def make_mesh(axis_shapes: Sequence[int],
               axis_names: Hashable | Sequence[Hashable],
               axis_types: AxisType | Sequence[AxisType] | None = None, *,

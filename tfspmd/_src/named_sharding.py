@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from tfspmd._src import devices as devices_lib
+from tfspmd._src import named_mesh
 from tfspmd._src import placement as placement_lib
 from tfspmd._src.named_mesh import Mesh
 from tfspmd._src.named_mesh import PartitionSpec
@@ -50,18 +51,7 @@ class NamedSharding:
       raise TypeError(
           f"NamedSharding: `spec` must be a tfspmd.PartitionSpec "
           f"(tfspmd.P(...)), got {type(spec).__name__} {spec!r}.")
-    seen = set()
-    for dimension in range(len(spec)):
-      for name in spec.axes_of(dimension):
-        if name not in mesh.shape:
-          raise ValueError(
-              f"NamedSharding: `spec` {spec} names the axis {name!r}, which "
-              f"is not an axis of the mesh (axes: {mesh.axis_names}).")
-        if name in seen:
-          raise ValueError(
-              f"NamedSharding: `spec` {spec} names the mesh axis {name!r} "
-              f"twice; each mesh axis may split one dimension.")
-        seen.add(name)
+    named_mesh.check_spec_axes(spec, mesh, f"NamedSharding: `spec` {spec}")
     self._mesh = mesh
     self._spec = spec
 

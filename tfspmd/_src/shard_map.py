@@ -41,6 +41,7 @@ from tfspmd._src import array_ops
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
 from tfspmd._src import mesh_context
+from tfspmd._src import named_mesh
 from tfspmd._src import pmap as pmap_lib
 from tfspmd._src import pmap_options
 from tfspmd._src import shard_map_gradient
@@ -103,19 +104,8 @@ def _check_spec(spec, rank, mesh, path, argument):
         f"shard_map: {argument} spec {spec} for {path} has {len(spec)} "
         f"entries, but the value has rank {rank}; give at most one entry per "
         f"dimension.")
-  seen = set()
-  for dimension in range(len(spec)):
-    for name in spec.axes_of(dimension):
-      if name not in mesh.shape:
-        raise ValueError(
-            f"shard_map: {argument} spec {spec} for {path} names the axis "
-            f"{name!r}, which is not an axis of the mesh (axes: "
-            f"{mesh.axis_names}).")
-      if name in seen:
-        raise ValueError(
-            f"shard_map: {argument} spec {spec} for {path} names the mesh "
-            f"axis {name!r} twice; each mesh axis may split one dimension.")
-      seen.add(name)
+  named_mesh.check_spec_axes(spec, mesh,
+                             f"shard_map: {argument} spec {spec} for {path}")
 
 
 def _expanded_shape(shape, spec, mesh, path):
