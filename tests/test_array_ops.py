@@ -190,7 +190,7 @@ def test_float64_numpy_inputs_arrive_as_float32_without_x64(without_x64):
 def test_float64_stays_by_default_and_config_checks_its_input():
   assert tfspmd.pmap(lambda v: v)(np.ones(2)).dtype == tf.float64
   assert tfspmd.config.tfspmd_enable_x64 is True
-  with pytest.raises(AttributeError, match="no setting 'jax_enable_x64'"):
-    tfspmd.config.update("jax_enable_x64", False)
+  with pytest.raises(AttributeError, match="no setting 'jax_debug_nans'"):
+    tfspmd.config.update("jax_debug_nans", False)
   with pytest.raises(TypeError, match="must be True or False, got int 0"):
     tfspmd.config.update("tfspmd_enable_x64", 0)

@@ -52,7 +52,9 @@ def test_initialize_takes_jaxs_parameters_in_jaxs_order():
   assert list(parameters)[:len(jax_order)] == jax_order
   assert parameters["initialization_timeout"].default == 300
   assert parameters["heartbeat_timeout_seconds"].default == 100
-  assert parameters["shutdown_timeout_seconds"].default == 300
+  # None: the initialization timeout (JAX: 300 s), so that a process whose
+  # peers failed exits about when it would fail to join.
+  assert parameters["shutdown_timeout_seconds"].default is None
 
 
 def test_vmap_takes_spmd_axis_name():

@@ -76,7 +76,7 @@ def initialize(coordinator_address: str | None = None,
                cluster_detection_method: str | None = None,
                initialization_timeout: float = 300,
                heartbeat_timeout_seconds: float = 100,
-               shutdown_timeout_seconds: float = 300,
+               shutdown_timeout_seconds: float | None = None,
                coordinator_bind_address: str | None = None,
                slice_index: None = None,
                partition_index: None = None, *,
@@ -126,7 +126,9 @@ def initialize(coordinator_address: str | None = None,
       counts as failed, and collectives waiting on it raise
       `PeerFailedError`.
     shutdown_timeout_seconds: Seconds `shutdown` (and TensorFlow's own
-      barrier as the process exits) waits for the other processes.
+      barrier as the process exits) waits for the other processes; None
+      for `initialization_timeout` (JAX's default is 300 s), so that a
+      process whose peers failed exits as soon as it would fail to join.
     coordinator_bind_address: `host:port` process 0 listens on for the
       processes to find each other, when it differs from
       `coordinator_address` (behind a NAT or a proxy); by default process 0
@@ -178,6 +180,8 @@ def initialize(coordinator_address: str | None = None,
                                            heartbeat_timeout_seconds)
     _check_jax_only_options(cluster_detection_method, slice_index,
                             partition_index)
+    if shutdown_timeout_seconds is None:
+      shutdown_timeout_seconds = initialization_timeout
     for name, value in (("initialization_timeout", initialization_timeout),
                         ("heartbeat_timeout_seconds", heartbeat_timeout),
                         ("shutdown_timeout_seconds",
