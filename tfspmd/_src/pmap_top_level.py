@@ -60,7 +60,12 @@ def known_call(options, programs, args, kwargs):
   """
   if options.args.static_argnums:
     return None
-  leaves, treedef = tree.flatten((args, kwargs))
+  if not kwargs and all(isinstance(arg, _ARRAY_TYPES) for arg in args):
+    # Arrays are the trees' leaves: no need to walk them (much the slower
+    # way on a cold cache, as after each program's run).
+    leaves, treedef = args, tree.flat_call_treedef(len(args))
+  else:
+    leaves, treedef = tree.flatten((args, kwargs))
   values, signature = [], []
   for leaf in leaves:
     value = _ready_value(leaf)
@@ -70,6 +75,10 @@ def known_call(options, programs, args, kwargs):
     signature.append((tuple(value.shape), tf.as_dtype(value.dtype)))
   program = pmap_trace.known_program(programs, (treedef, (), tuple(signature)))
   return None if program is None else (program, values)
+
+
+# Always leaves of tfspmd's trees (`tree`'s rules): never walked into.
+_ARRAY_TYPES = (ShardedArray, np.ndarray, tf.Tensor)
 
 
 def _ready_value(leaf):
