@@ -120,12 +120,16 @@ def block_slices(index, shape, counts):
 def host_blocks(placement, shape):
   """The NumPy index of each local device's block, in mesh order.
 
+  None stands for the whole array (a replicated one's every block), which
+  `pack_host_array` passes as it is instead of a view per device.
+
   Args:
     placement: The `Placement` of the array.
     shape: The shape of this process's part of the array.
   """
   counts = placement.local_counts()
-  return tuple(block_slices(index, shape, counts)
+  return tuple(None if all(block is None for block in index) else
+               block_slices(index, shape, counts)
                for _, index in placement.local_view)
 
 
@@ -140,7 +144,8 @@ def pack_host_array(array, placement, blocks=None):
   """
   if blocks is None:
     blocks = host_blocks(placement, array.shape)
-  return dtensor.pack([array[block] for block in blocks], placement.layout)
+  return dtensor.pack([array if block is None else array[block]
+                       for block in blocks], placement.layout)
 
 
 def pack_global_array(array, placement):
