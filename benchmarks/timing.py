@@ -17,22 +17,35 @@ _ROOT = (os.environ.get("BUILD_WORKSPACE_DIRECTORY") or
 RESULTS_DIR = os.path.join(_ROOT, "benchmarks", "results")
 
 
-def interleaved(contenders, *, rounds, calls_per_round, warmup=20):
+def interleaved(contenders, *, rounds, calls_per_round, warmup=20,
+                settle=None):
   """Times each `contenders[name]()` call, alternating contenders by round.
+
+  Args:
+    contenders: {name: function of no arguments}.
+    rounds: Rounds, each calling every contender `calls_per_round` times.
+    calls_per_round: Calls of one contender in a row.
+    warmup: Untimed calls of each contender first.
+    settle: If given, called untimed with what each call returned, before
+      the next call: waiting there for asynchronous work (DTensor runs a
+      program after its call returns) times each call from idle devices,
+      so that no call pays for the work queued by the one before.
 
   Returns:
     {name: list of per-call seconds}.
   """
+  settle = settle or (lambda _: None)
   for function in contenders.values():
     for _ in range(warmup):
-      function()
+      settle(function())
   samples = {name: [] for name in contenders}
   for _ in range(rounds):
     for name, function in contenders.items():
       for _ in range(calls_per_round):
         start = time.perf_counter()
-        function()
+        result = function()
         samples[name].append(time.perf_counter() - start)
+        settle(result)
   return samples
 
 

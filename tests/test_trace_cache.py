@@ -4,6 +4,7 @@ import threading
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfspmd
 from tfspmd._src import lru
@@ -41,6 +42,17 @@ def test_host_and_device_inputs_of_one_shape_share_a_trace():
   np.testing.assert_array_equal(twice_on_devices, x * 4.)
   np.testing.assert_array_equal(f(x), x * 2.)
   assert traces == [(2,)]
+
+
+def test_positional_and_keyword_arrays_of_one_signature_share_a_trace():
+  f, traces = _counting_pmap()
+  x = np.ones((8, 2), np.float32)
+  for value in (x, tf.constant(x), f(x), x):
+    np.testing.assert_array_equal(f(value), np.asarray(value) * 2.)
+  np.testing.assert_array_equal(f(x=x), x * 2.)  # another tree: traced anew
+  np.testing.assert_array_equal(f(x.astype(np.float16)), x * 2.)  # a dtype
+  np.testing.assert_array_equal(f(np.ones((8, 3), np.float32)), 2.)
+  assert traces == [(2,), (2,), (2,), (3,)]
 
 
 def test_the_least_recently_used_program_is_evicted(cache_size_3):

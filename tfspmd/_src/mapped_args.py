@@ -171,8 +171,8 @@ class BoundCall:
     self.statics = binding.statics(args, self.static_positions)
     self.static_key = tuple((position, type(value), value)
                             for position, value in self.statics)
-    self.dynamic = tuple(a for i, a in enumerate(args)
-                         if i not in self.static_positions)
+    self.dynamic = tuple(args) if not self.statics else tuple(
+        a for i, a in enumerate(args) if i not in self.static_positions)
     self.leaves, self.treedef = tree.flatten((self.dynamic, kwargs))
     self.in_axes = binding.leaf_in_axes(self.treedef, args,
                                         self.static_positions, self.dynamic)

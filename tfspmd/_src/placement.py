@@ -117,12 +117,35 @@ def block_slices(index, shape, counts):
   return tuple(slices)
 
 
-def pack_host_array(array, placement):
-  """Places the NumPy `array`, this process's part, each device getting its block."""
+def host_blocks(placement, shape):
+  """The NumPy index of each local device's block, in mesh order.
+
+  None stands for the whole array (a replicated one's every block), which
+  `pack_host_array` passes as it is instead of a view per device.
+
+  Args:
+    placement: The `Placement` of the array.
+    shape: The shape of this process's part of the array.
+  """
   counts = placement.local_counts()
-  components = [array[block_slices(index, array.shape, counts)]
-                for _, index in placement.local_view]
-  return dtensor.pack(components, placement.layout)
+  return tuple(None if all(block is None for block in index) else
+               block_slices(index, shape, counts)
+               for _, index in placement.local_view)
+
+
+def pack_host_array(array, placement, blocks=None):
+  """Places the NumPy `array`, this process's part, each device getting its block.
+
+  Args:
+    array: This process's part of the array.
+    placement: Where it goes.
+    blocks: `host_blocks(placement, array.shape)`, where the caller keeps
+      them (a program's inputs have the shapes it was traced for).
+  """
+  if blocks is None:
+    blocks = host_blocks(placement, array.shape)
+  return dtensor.pack([array if block is None else array[block]
+                       for block in blocks], placement.layout)
 
 
 def pack_global_array(array, placement):

@@ -78,6 +78,14 @@ class PmappedFunction:
 
   def _call_top_level(self, args, kwargs):
     options = self._options
+    # A call like an earlier one, with no tape to record it, skips binding.
+    known = (None if tf_internal.tape_active() else
+             pmap_top_level.known_call(options, self._programs, args, kwargs))
+    if known is not None:
+      program, values = known
+      return self._results(
+          program, pmap_top_level.run(program, values, options.axis_name),
+          args)
     call = options.args.bind(args, kwargs)
     values, key = pmap_top_level.values_and_key(call)
     program = pmap_trace.cached_program(options, self._programs, key, call,
@@ -92,9 +100,14 @@ class PmappedFunction:
           self._vjp(key, program, call),
           [tf.convert_to_tensor(v) for v in values], program.size)
       return program.output_treedef.unflatten(list(outputs))
-    results = pmap_top_level.run(program, values, options.axis_name)
-    if options.donate_argnums:
-      pmap_donation.delete_donated(options.donate_argnums, args, results)
+    return self._results(
+        program, pmap_top_level.run(program, values, options.axis_name), args)
+
+  def _results(self, program, results, args):
+    """The call's output tree, once the donated arguments are freed."""
+    if self._options.donate_argnums:
+      pmap_donation.delete_donated(self._options.donate_argnums, args,
+                                   results)
     return program.output_treedef.unflatten(results)
 
   def _vjp(self, key, program, call):

@@ -17,8 +17,10 @@ from tfspmd._src import dtensor_errors
 from tfspmd._src import dtensor_settings
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import pmap_donation
+from tfspmd._src import pmap_trace
 from tfspmd._src import run_errors
 from tfspmd._src import tf_internal
+from tfspmd._src import tree
 from tfspmd._src.config import config
 from tfspmd._src.sharded_array import ShardedArray
 
@@ -31,27 +33,70 @@ def values_and_key(call):
     `(treedef, static key, ((shape, dtype), ...))`.
   """
   values, signature = [], []
-  for leaf, path in zip(call.leaves, call.paths):
+  # The leaves' paths are made only for a message: most calls need none.
+  for index, leaf in enumerate(call.leaves):
     if isinstance(leaf, tf.Variable):
       leaf = tf.convert_to_tensor(leaf)
-    if isinstance(leaf, ShardedArray):
-      if leaf.is_deleted():
-        raise pmap_donation.donated_argument_error(path)
-      values.append(leaf)
-      signature.append((tuple(leaf.shape), leaf.dtype))
-      continue
-    if isinstance(leaf, tf.Tensor):
-      dtype = leaf.dtype
-      ready = (dtype.is_numeric and not dtype.is_quantized) or dtype.is_bool
-    else:
-      ready = isinstance(leaf, np.ndarray) and leaf.dtype.kind in "biufc"
-      if ready:
-        leaf = config.narrowed(leaf)
-    if not ready:
-      leaf = arguments.to_array_leaf(leaf, path)
-    values.append(leaf)
-    signature.append((tuple(leaf.shape), tf.as_dtype(leaf.dtype)))
+    value = _ready_value(leaf)
+    if value is None:
+      if isinstance(leaf, ShardedArray):
+        raise pmap_donation.donated_argument_error(call.paths[index])
+      value = arguments.to_array_leaf(leaf, call.paths[index])
+    values.append(value)
+    signature.append((tuple(value.shape), tf.as_dtype(value.dtype)))
   return values, (call.treedef, call.static_key, tuple(signature))
+
+
+def known_call(options, programs, args, kwargs):
+  """`(program, values)` of a call like one traced before, or None.
+
+  The quick way of `values_and_key` and `pmap_trace.cached_program` for a
+  call of a pmap without static arguments whose leaves are all ready to
+  place (live `ShardedArray`s, numeric tensors and NumPy arrays): the key
+  comes straight from the flattened arguments, with no `BoundCall`. Its
+  checks passed when the program was traced for that key, so they would
+  pass again. Any other call (None) takes the full way, which raises
+  whatever error it has to.
+  """
+  if options.args.static_argnums:
+    return None
+  if not kwargs and all(isinstance(arg, _ARRAY_TYPES) for arg in args):
+    # Arrays are the trees' leaves: no need to walk them (much the slower
+    # way on a cold cache, as after each program's run).
+    leaves, treedef = args, tree.flat_call_treedef(len(args))
+  else:
+    leaves, treedef = tree.flatten((args, kwargs))
+  values, signature = [], []
+  for leaf in leaves:
+    value = _ready_value(leaf)
+    if value is None:
+      return None
+    values.append(value)
+    signature.append((tuple(value.shape), tf.as_dtype(value.dtype)))
+  program = pmap_trace.known_program(programs, (treedef, (), tuple(signature)))
+  return None if program is None else (program, values)
+
+
+# Always leaves of tfspmd's trees (`tree`'s rules): never walked into.
+_ARRAY_TYPES = (ShardedArray, np.ndarray, tf.Tensor)
+
+
+def _ready_value(leaf):
+  """`leaf` as a program takes it, or None if it needs converting or is refused.
+
+  Ready: a live `ShardedArray`, a numeric or bool tensor, a numeric or bool
+  NumPy array (narrowed as `config` says).
+  """
+  if isinstance(leaf, ShardedArray):
+    return None if leaf.is_deleted() else leaf
+  if isinstance(leaf, tf.Tensor):
+    dtype = leaf.dtype
+    if (dtype.is_numeric and not dtype.is_quantized) or dtype.is_bool:
+      return leaf
+    return None
+  if isinstance(leaf, np.ndarray) and leaf.dtype.kind in "biufc":
+    return config.narrowed(leaf)
+  return None
 
 
 def run(program, values, axis_name):
@@ -62,8 +107,9 @@ def run(program, values, axis_name):
   runs programs asynchronously, so a program that may fail is waited on
   here, where its failure surfaces.
   """
-  placed = [_place(value, placement)
-            for value, placement in zip(values, program.input_placements)]
+  placed = [_place(value, placement, blocks)
+            for value, placement, blocks in zip(
+                values, program.input_placements, program.input_blocks)]
   try:
     with dtensor_settings.applied(program.dtensor_switches):
       if placed:
@@ -88,8 +134,11 @@ def run(program, values, axis_name):
               program.output_dtypes)]
 
 
-def _place(value, placement):
-  """The DTensor of one input leaf on `placement`, moving as little as possible."""
+def _place(value, placement, blocks):
+  """The DTensor of one input leaf on `placement`, moving as little as possible.
+
+  `blocks` are `placement_lib.host_blocks` of the leaf's shape.
+  """
   if isinstance(value, ShardedArray):
     current = value.placement
     if current is placement:
@@ -101,4 +150,4 @@ def _place(value, placement):
     if dtensor.is_dtensor(value):
       return placement_lib.relayout(value, placement)
     value = value.numpy()
-  return placement_lib.pack_host_array(np.asarray(value), placement)
+  return placement_lib.pack_host_array(np.asarray(value), placement, blocks)

@@ -41,8 +41,11 @@ class Program:
     function: Calls the compiled program on placed inputs (None for a
       program traced into a user's graph).
     input_placements: The `Placement` of each input leaf.
+    input_blocks: For each input leaf, where each local device's block
+      lies in a host array of its shape (`placement.host_blocks`).
     output_placements: The `Placement` of each output leaf.
-    output_shapes: This process's shape of each output leaf.
+    output_shapes: This process's shape of each output leaf (a
+      `tf.TensorShape`, shared by the results of every call).
     output_dtypes: The dtype of each output leaf.
     output_treedef: The output tree.
     inline: The traced Python function, to call inside a user's graph.
@@ -57,6 +60,7 @@ class Program:
   """
   function: object
   input_placements: tuple
+  input_blocks: tuple
   output_placements: tuple
   output_shapes: tuple
   output_dtypes: tuple
@@ -92,18 +96,30 @@ def cached_program(options, programs, key, call, values, in_user_graph=False,
     lays_out: Whether the program places its values on the mesh
       (`axis_env.TraceState.lays_out`).
   """
-  cache_key = (in_user_graph, lays_out) + key
-  program = programs.get(cache_key)
-  if (program is None or
-      program.device_generation != dtensor_device.generation()):
+  program = known_program(programs, key, in_user_graph, lays_out)
+  if program is None:
     program = _trace(options, call, [shape for shape, _ in key[2]],
                      [value.dtype for value in values], in_user_graph,
                      lays_out)
-    programs.put(cache_key, program)
+    programs.put((in_user_graph, lays_out) + key, program)
+  return program
+
+
+def known_program(programs, key, in_user_graph=False, lays_out=True):
+  """The `Program` of the call signature `key` in `programs`, or None.
+
+  None also for a program traced before DTensor's device was replaced
+  (`dtensor_device.generation`): it cannot run on the new one.
+  """
+  program = programs.get((in_user_graph, lays_out) + key)
+  if (program is None or
+      program.device_generation != dtensor_device.generation()):
+    return None
   return program
 
 
 def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
+  local_shapes = shapes
   paths = call.paths
   axes, size = options.args.axes_and_size(call.in_axes, shapes, paths)
   devices = options.mesh_devices(size)
@@ -194,9 +210,12 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
   return Program(
       function=function,
       input_placements=tuple(input_placements),
+      input_blocks=tuple(
+          placement_lib.host_blocks(placement, shape)
+          for placement, shape in zip(input_placements, local_shapes)),
       output_placements=tuple(built["placements"]),
       output_shapes=tuple(
-          placement.local_shape(tuple(v.shape))
+          tf.TensorShape(placement.local_shape(tuple(v.shape)))
           for v, placement in zip(result.values, built["placements"])),
       output_dtypes=tuple(v.dtype for v in result.values),
       output_treedef=result.treedef,

@@ -90,10 +90,14 @@ class ShardedArray:
                "_whole_on_each_device", "__weakref__")
 
   def __init__(self, value: tf.Tensor, placement: placement_lib.Placement,
-               shape: Sequence[int], dtype: DTypeLike) -> None:
+               shape: Sequence[int] | tf.TensorShape,
+               dtype: DTypeLike) -> None:
     self._value = value
     self._placement = placement
-    self._shape = tf.TensorShape(shape)
+    # A TensorShape is never changed in place: a pmap's results share the
+    # one its program made when traced.
+    self._shape = (shape if isinstance(shape, tf.TensorShape) else
+                   tf.TensorShape(shape))
     self._dtype = tf.as_dtype(dtype)
     self._host = None
     self._whole_on_each_device = None

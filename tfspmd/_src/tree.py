@@ -41,6 +41,22 @@ def flatten(tree, is_leaf=None):
   return leaves, treedef
 
 
+def flat_call_treedef(count):
+  """The treedef of `(args, {})` for a tuple `args` of `count` leaves, made once.
+
+  The same as `flatten((args, {}))[1]` for any such leaves (say tensors,
+  arrays and `ShardedArray`s), without walking them: a pmap called with
+  only arrays keys its trace cache by it.
+  """
+  treedef = _FLAT_CALLS.get(count)
+  if treedef is None:
+    treedef = _FLAT_CALLS[count] = flatten(((0,) * count, {}))[1]
+  return treedef
+
+
+_FLAT_CALLS = {}
+
+
 def key_paths(treedef):
   """The key path (a tuple of keys) of each leaf of `treedef`, in order."""
   return _paths(treedef)[0]
