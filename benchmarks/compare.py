@@ -14,7 +14,8 @@ Sections:
               definition) against jax and this machine's memcpy
   training    data-parallel MLP and conv-net steps, examples per second, at
               K = 1 and K = 100 steps per call
-  compile     first call (trace + compile) of the MLP step
+  compile     first two calls (trace + compile + run) of the MLP and conv
+              steps, each in fresh processes taking turns
   memory      peak host RSS while placing a 1 GiB mapped input (a child
               process per contender)
   scaling     MLP step time at 1, 2, 4, 8 devices, fixed work per device
@@ -24,6 +25,7 @@ Run: python benchmarks/compare.py [--only SECTION ...] [--quick]
 """
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -440,23 +442,68 @@ def training(count, options):
       load_average=os.getloadavg()))
 
 
+_COMPILE_CHILD = r"""
+import json, sys
+from benchmarks import compare
+print(json.dumps(compare.first_two_calls(sys.argv[1], sys.argv[2])))
+"""
+
+
+def first_two_calls(who, model, count=None):
+  """Seconds of the first two calls of one contender's training step.
+
+  Run in a fresh process per measurement: a first call is paid once per
+  process, and a contender measured after another would find TensorFlow's
+  or XLA's lazy set-up already done.
+  """
+  count = count or tfspmd.device_count()
+  init, tf_logits, jax_logits, feature_shape = MODELS[model]
+  x, y = _batches(count, 1, feature_shape)
+  if who == "tfspmd":
+    step = tfspmd.pmap(_tf_step(tf_logits), AXIS, in_axes=(None, 0, 0),
+                       out_axes=(None, 0), steps=1)
+    place = tfspmd.pmap(lambda v: v, AXIS)
+    params = init()
+  else:
+    step = jax.pmap(_jax_steps(_jax_step(jax_logits)), AXIS,
+                    in_axes=(None, 0, 0), out_axes=(None, 0))
+    place = jax.pmap(lambda v: v, AXIS)
+    params = [jnp.asarray(p) for p in init()]
+  _, seconds = _carried(step, params, place(x), place(y))
+  return seconds
+
+
 def compile_time(count, options):
-  del options
-  rows = []
+  """First calls, each contender in fresh processes taking turns."""
+  del count
+  rows, samples = [], {}
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   for model in MODELS:
-    _, warmup = _training_contenders(count, model, 1)
-    (ours_first, ours_second), (jax_first, jax_second) = (
-        warmup["tfspmd"], warmup["jax"])
-    rows.append(dict(model=model, tfspmd_s=ours_first, jax_s=jax_first,
-                     ratio=ours_first / jax_first,
-                     tfspmd_second_s=ours_second, jax_second_s=jax_second))
+    for _ in range(options.processes):
+      for who in ("tfspmd", "jax"):
+        out = subprocess.run(
+            [sys.executable, "-c", _COMPILE_CHILD, who, model],
+            capture_output=True, text=True, check=True, cwd=root,
+            env=dict(os.environ), timeout=600)
+        samples.setdefault((model, who), []).append(
+            json.loads(out.stdout.strip().splitlines()[-1]))
+    medians = {who: np.median(np.array(samples[(model, who)]), axis=0)
+               for who in ("tfspmd", "jax")}
+    rows.append(dict(model=model, tfspmd_s=medians["tfspmd"][0],
+                     jax_s=medians["jax"][0],
+                     ratio=medians["tfspmd"][0] / medians["jax"][0],
+                     tfspmd_second_s=medians["tfspmd"][1],
+                     jax_second_s=medians["jax"][1]))
   timing.print_table(
-      "First call of a training step (trace + compile + run), and the second "
-      "(parameters from the devices)", rows,
+      f"First call of a training step (trace + compile + run), and the second "
+      f"(parameters from the devices): medians of {options.processes} fresh "
+      f"processes per contender, taking turns", rows,
       ["model", "tfspmd_s", "jax_s", "ratio", "tfspmd_second_s",
        "jax_second_s"])
   timing.write_results("compare_compile", dict(
-      machine=timing.machine(), rows=rows, load_average=os.getloadavg()))
+      machine=timing.machine(), rows=rows, load_average=os.getloadavg(),
+      samples={f"{model} {who}": values
+               for (model, who), values in samples.items()}))
 
 
 def scaling(count, options):
@@ -541,6 +588,8 @@ def main():
   parser.add_argument("--only", nargs="*", choices=sorted(SECTIONS))
   parser.add_argument("--rounds", type=int, default=10)
   parser.add_argument("--calls", type=int, default=30)
+  parser.add_argument("--processes", type=int, default=5,
+                      help="fresh processes per contender for `compile`")
   parser.add_argument("--quick", action="store_true",
                       help="small sizes only, K = 1 only (a smoke run)")
   options = parser.parse_args()
