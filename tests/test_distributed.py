@@ -11,6 +11,7 @@ import tensorflow as tf
 import tfspmd
 from tfspmd._src import cluster
 from tfspmd._src import distributed
+from tfspmd._src import multiprocess_hooks
 
 TWO = ["h0:9000", "h1:9000"]
 
@@ -174,7 +175,7 @@ def test_a_lost_peer_is_named(monkeypatch, message, named):
       process_id=0 if named != "process 0 (localhost:9000)" else 1,
       job_name="worker", source="test"))
   with pytest.raises(tfspmd.distributed.PeerFailedError) as caught:
-    with distributed.peer_failures():
+    with multiprocess_hooks.peer_failures():
       raise tf.errors.UnavailableError(None, None, message)
   assert str(caught.value).startswith(f"{named} exited or stopped answering")
 
@@ -196,5 +197,5 @@ def test_a_lost_peer_error_quotes_tensorflow_without_the_function_name(
 
 def test_one_process_keeps_tensorflows_error():
   with pytest.raises(tf.errors.UnavailableError, match="as it was"):
-    with distributed.peer_failures():
+    with multiprocess_hooks.peer_failures():
       raise tf.errors.UnavailableError(None, None, "as it was")

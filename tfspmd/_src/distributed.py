@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
-import contextlib
 import math
 import os
 import re
@@ -41,6 +40,7 @@ from tensorflow.experimental import dtensor
 from tfspmd._src import cluster as cluster_lib
 from tfspmd._src import devices as devices_lib
 from tfspmd._src import launchers
+from tfspmd._src import multiprocess_hooks
 from tfspmd._src import rendezvous
 from tfspmd._src import tf_internal
 
@@ -497,20 +497,6 @@ def _published_by_peer(key, peer):
           f"{_first_line(str(e))}") from e
 
 
-@contextlib.contextmanager
-def peer_failures():
-  """Turns a multi-process TensorFlow error inside the block into a clear one.
-
-  A multi-process call returns before its collectives finish, so the error
-  can surface where its results are read (see `raise_peer_failure`).
-  """
-  try:
-    yield
-  except tf.errors.OpError as e:
-    raise_peer_failure(e)
-    raise
-
-
 def raise_peer_failure(error):
   """Raises the clear error for a TensorFlow `error` of a multi-process run.
 
@@ -602,3 +588,6 @@ def _first_line(message):
   """The first line of TensorFlow's `message`, without the function's name."""
   return re.sub(r"^\{\{function_node [^}]*\}\}\s*", "",
                 message.strip()).splitlines()[0]
+
+
+multiprocess_hooks.install(raise_peer_failure, check_same_program)

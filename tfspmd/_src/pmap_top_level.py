@@ -11,7 +11,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src import arguments
-from tfspmd._src import distributed
+from tfspmd._src import multiprocess_hooks
 from tfspmd._src import dtensor_device
 from tfspmd._src import dtensor_errors
 from tfspmd._src import dtensor_settings
@@ -122,7 +122,7 @@ def run(program, values, axis_name):
         for output in outputs:
           dtensor.unpack(output)
   except tf.errors.OpError as e:
-    distributed.raise_peer_failure(e)
+    multiprocess_hooks.raise_peer_failure(e)
     explained = dtensor_errors.explain(e, axis_name)
     if explained is not None:
       raise explained from None

@@ -17,7 +17,7 @@ from tensorflow.experimental import dtensor
 from tfspmd._src import axis_env
 from tfspmd._src import control_flow
 from tfspmd._src import devices as devices_lib
-from tfspmd._src import distributed
+from tfspmd._src import multiprocess_hooks
 from tfspmd._src import dtensor_device
 from tfspmd._src import dtensor_settings
 from tfspmd._src import mesh as mesh_lib
@@ -195,7 +195,7 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
       spec[original_axis] = dim
     input_placements.append(placement_for(mesh_key, tuple(spec)))
   result = built["result"]
-  distributed.check_same_program(
+  multiprocess_hooks.check_same_program(
       lambda: _describe(options, mesh_key, specs, concrete.graph))
   mesh = mesh_lib.mesh_for_axes(*mesh_key)
   graph_def = concrete.graph.as_graph_def()

@@ -13,7 +13,7 @@ from tensorflow.experimental import dtensor
 
 from tfspmd._src import array_ops
 from tfspmd._src import devices as devices_lib
-from tfspmd._src import distributed
+from tfspmd._src import multiprocess_hooks
 from tfspmd._src import dtensor_device
 from tfspmd._src import named_sharding
 from tfspmd._src import placement as placement_lib
@@ -164,7 +164,7 @@ class ShardedArray:
     self._check_alive()
     counts = self._placement.local_counts()
     shards = []
-    with distributed.peer_failures():
+    with multiprocess_hooks.peer_failures():
       components = dtensor.unpack(self._live())
     for (device, index), data in zip(self._placement.local_view, components):
       shards.append(Shard(device=device, index=placement_lib.block_slices(
@@ -179,7 +179,7 @@ class ShardedArray:
     function's results (DTensor's multi-device expansion, TF 2.21).
     """
     self._check_alive()
-    with distributed.peer_failures():
+    with multiprocess_hooks.peer_failures():
       tf_internal.wait_for_pending_ops()
       dtensor.unpack(self._live())
     return self
@@ -221,7 +221,7 @@ class ShardedArray:
     """The array as a NumPy array (this process's part, with several)."""
     self._check_alive()
     if self._host is None:
-      with distributed.peer_failures():
+      with multiprocess_hooks.peer_failures():
         self._host = placement_lib.assemble(
             self._live(), self._placement, self._shape.as_list(),
             self._dtype.as_numpy_dtype)
@@ -434,7 +434,7 @@ class ShardedArray:
         raise IndexError(
             f"index {key} is out of bounds for axis 0 with size {size}")
       key %= size
-      with distributed.peer_failures():
+      with multiprocess_hooks.peer_failures():
         components = dtensor.unpack(self._live())
       for (device, index), data in zip(self._placement.local_view,
                                        components):

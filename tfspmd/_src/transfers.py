@@ -18,7 +18,7 @@ from tensorflow.experimental import dtensor
 
 from tfspmd._src import arguments
 from tfspmd._src import devices as devices_lib
-from tfspmd._src import distributed
+from tfspmd._src import multiprocess_hooks
 from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import tf_internal
@@ -124,7 +124,7 @@ def _put_sharded(leaf, sharding, path):
     placement = placement_of(sharding, global_value.shape, path)
     if value.placement == placement:
       return value
-    with distributed.peer_failures():
+    with multiprocess_hooks.peer_failures():
       moved = placement_lib.relayout(global_value, placement)
   else:
     if isinstance(value, tf.Tensor):
