@@ -41,7 +41,7 @@ def placement(devices, rank, split):
   spec = [None] * rank
   if split:
     spec[0] = dim
-  mesh_key = ((dim,), (len(devices),), tuple(devices))
+  mesh_key = mesh_lib.MeshKey((dim,), (len(devices),), tuple(devices))
   return pmap_trace.placement_for(mesh_key, tuple(spec))
 
 

@@ -2,6 +2,7 @@
 
 import functools
 import re
+from typing import NamedTuple
 
 import numpy as np
 from tensorflow.experimental import dtensor
@@ -40,6 +41,19 @@ def dim_name_problem(name):
     return ("DTensor takes only letters, digits, '_', '-' and '.' (not "
             "first) in a mesh dimension name")
   return None
+
+
+class MeshKey(NamedTuple):
+  """What identifies a mesh: the arguments of `mesh_for_axes`.
+
+  Attributes:
+    dim_names: The mesh dimension names, outermost first.
+    sizes: Their sizes.
+    devices: One `Device` per mesh position, in row-major order.
+  """
+  dim_names: tuple
+  sizes: tuple
+  devices: tuple
 
 
 @functools.lru_cache(maxsize=256)
@@ -81,10 +95,10 @@ def mesh_key(mesh_axes, devices):
   sizes = tuple(size for _, size, _ in mesh_axes)
   count = int(np.prod(sizes))
   if len(devices) == count:
-    return dims, sizes, tuple(devices)
+    return MeshKey(dims, sizes, tuple(devices))
   per_process = count // devices_lib.process_count()
   chosen = []
   for process in range(devices_lib.process_count()):
     own = [d for d in devices if d.process_index == process]
     chosen += own[:per_process]
-  return dims, sizes, tuple(chosen)
+  return MeshKey(dims, sizes, tuple(chosen))

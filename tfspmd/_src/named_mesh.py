@@ -183,11 +183,10 @@ class Mesh:
     return self._axis_names
 
   @property
-  def mesh_key(self) -> tuple[tuple[str, ...], tuple[int, ...],
-                              tuple[devices_lib.Device, ...]]:
-    """`(dim names, sizes, devices)`: the arguments of `mesh.mesh_for_axes`."""
-    return (self.dim_names, tuple(self._devices.shape),
-            tuple(self._devices.flat))
+  def mesh_key(self) -> mesh_lib.MeshKey:
+    """The dim names, sizes and devices: the arguments of `mesh_for_axes`."""
+    return mesh_lib.MeshKey(self.dim_names, tuple(self._devices.shape),
+                            tuple(self._devices.flat))
 
   @property
   def dtensor_mesh(self) -> dtensor.Mesh:

@@ -6,11 +6,17 @@ placed by `dtensor.pack` of per-device slices, never by copying the whole
 array to every device.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tensorflow.experimental import dtensor
+
+if TYPE_CHECKING:
+  from tfspmd._src import mesh as mesh_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,11 +24,11 @@ class Placement:
   """How a tensor lies on a mesh.
 
   Attributes:
-    mesh_key: `(dim_names, sizes, devices)`, the arguments of `mesh_for_axes`.
+    mesh_key: The `mesh.MeshKey` (dim names, sizes, devices) of the mesh.
     spec: One entry per tensor axis: the mesh dimension it is split over, or
       None where every device holds the whole axis.
   """
-  mesh_key: tuple
+  mesh_key: mesh_lib.MeshKey
   spec: tuple
 
   @functools.cached_property
@@ -37,7 +43,7 @@ class Placement:
 
   @property
   def devices(self):
-    return self.mesh_key[2]
+    return self.mesh_key.devices
 
   @functools.cached_property
   def local_blocks(self):
@@ -163,7 +169,7 @@ def renamed(placement, mesh_key):
   named by depth: over the same devices, a block lies on the device at the
   same position of either mesh.
   """
-  rename = dict(zip(placement.mesh_key[0], mesh_key[0]))
+  rename = dict(zip(placement.mesh_key.dim_names, mesh_key.dim_names))
   return Placement(mesh_key, tuple(None if dim is None else rename[dim]
                                    for dim in placement.spec))
 

@@ -5,7 +5,11 @@ questions every call path asks of them: which devices a call's mesh is made
 of, and which share of the mapped axis this process holds.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
 import dataclasses
+from typing import Any
 
 from tfspmd._src import arguments
 from tfspmd._src import axis_env
@@ -31,16 +35,16 @@ class PmapOptions:
     level: For the pmap of a shard_map's mesh axis, its `ShardMapLevel`;
       None for a plain pmap.
   """
-  fun: object
-  axis_name: object
-  args: object
-  out_axes: object
-  steps: object
-  devices: object
-  backend: object
-  donate_argnums: tuple
+  fun: Callable[..., Any]
+  axis_name: Hashable
+  args: mapped_args.MappedArguments
+  out_axes: Any
+  steps: int | None
+  devices: tuple[devices_lib.Device, ...] | None
+  backend: str | None
+  donate_argnums: tuple[int, ...]
   debug: bool
-  level: object
+  level: ShardMapLevel | None
 
   @property
   def mesh_dim(self):
@@ -109,7 +113,7 @@ class ShardMapLevel:
       the axis's first device.
   """
   mesh_dim: str
-  devices: object
+  devices: Sequence[devices_lib.Device] | None
   check_invariant: bool
 
 

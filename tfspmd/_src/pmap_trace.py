@@ -224,7 +224,7 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
       size=size,
       trainable_variables=tuple(concrete.trainable_variables),
       dtensor_switches=dtensor_settings.for_program(
-          mesh_key[2], len(mesh_key[1]),
+          mesh_key.devices, len(mesh_key.sizes),
           devices_lib.process_count(), graph_def),
       mesh=mesh,
       device_generation=dtensor_device.generation(),

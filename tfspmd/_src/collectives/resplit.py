@@ -76,6 +76,6 @@ def for_frame(frame, dtype):
   if (state is None or not state.lays_out or len(state.mesh_axes) != 1 or
       dtype not in _ALL_TO_ALL_DTYPES or frame.mesh_dim is None or
       frame.mesh_dim != state.mesh_axes[0][2] or
-      not dtensor_settings.in_id_order(state.mesh_key()[2])):
+      not dtensor_settings.in_id_order(state.mesh_key().devices)):
     return None
   return Resplitter(state)
