@@ -35,11 +35,9 @@ def mark(operations):
 
 
 @_do_not_convert
-def _convert(pfor_input):
-  pfor_input.expanddim_inputs_for_broadcast()
-  left = pfor_input.input(0)[0]
-  right = pfor_input.input(1)[0]
-  adjoint = (pfor_input.get_attr("adj_x"), pfor_input.get_attr("adj_y"))
+def _convert(op_inputs):
+  left, right = op_inputs.broadcast_inputs()
+  adjoint = (op_inputs.get_attr("adj_x"), op_inputs.get_attr("adj_y"))
   return [tf_internal.wrap_converted(matmul(left, right, *adjoint), True)]
 
 

@@ -160,29 +160,29 @@ def _prepare_body(body_graph):
 
 
 @_do_not_convert
-def _convert_call(pfor_input):
-  graph = tf_internal.function_graph(pfor_input.op, "f")
+def _convert_call(op_inputs):
+  graph = tf_internal.function_graph(op_inputs.op, "f")
   converted = tf_internal.convert_graph_inline(
-      pfor_input, graph, tf_internal.pfor_inputs(pfor_input), prepare)
+      op_inputs, graph, op_inputs.inputs(), prepare)
   return [tf_internal.wrap_converted(v.tensor, v.stacked) for v in converted]
 
 
 # --- conditionals ------------------------------------------------------------
 
 
-def _branch_outputs(pfor_input, graphs, inputs):
-  return [tf_internal.convert_graph_inline(pfor_input, graph, inputs, prepare)
+def _branch_outputs(op_inputs, graphs, inputs):
+  return [tf_internal.convert_graph_inline(op_inputs, graph, inputs, prepare)
           for graph in graphs]
 
 
-def _merge_branches(pfor_input, chosen, branch_outputs, chooser_stacked):
+def _merge_branches(op_inputs, chosen, branch_outputs, chooser_stacked):
   """Each output: the branch `chosen[k]` (a bool per branch) picks.
 
   A predicate the same everywhere is broadcast to the value's shape first:
   DTensor's layout propagation of a select with a scalar predicate crashes
   the process (TF 2.21).
   """
-  size = tf_internal.pfor_loop_size(pfor_input)
+  size = op_inputs.loop_size
   merged = []
   for outputs in zip(*branch_outputs):
     stacked = chooser_stacked or any(v.stacked for v in outputs)
@@ -199,65 +199,65 @@ def _merge_branches(pfor_input, chosen, branch_outputs, chooser_stacked):
 
 
 @_do_not_convert
-def _convert_if(pfor_input):
-  values = tf_internal.pfor_inputs(pfor_input)
+def _convert_if(op_inputs):
+  values = op_inputs.inputs()
   predicate = values[0]
-  graphs = [tf_internal.function_graph(pfor_input.op, "then_branch"),
-            tf_internal.function_graph(pfor_input.op, "else_branch")]
+  graphs = [tf_internal.function_graph(op_inputs.op, "then_branch"),
+            tf_internal.function_graph(op_inputs.op, "else_branch")]
   if predicate.stacked:
     found = _collectives_in(graphs)
     if found is not None:
       raise _diverging_collective_error(found, "tf.cond", "predicate")
   # The per-device op's predicate folds where it depends on static shapes.
-  known = static_values.value(pfor_input.op.inputs[0])
+  known = static_values.value(op_inputs.op.inputs[0])
   if known is not None:
-    return _only_branch(pfor_input, graphs[0 if known else 1], values[1:])
+    return _only_branch(op_inputs, graphs[0 if known else 1], values[1:])
   truth = tf.cast(predicate.tensor, tf.bool)
-  outputs = _branch_outputs(pfor_input, graphs, values[1:])
-  return _merge_branches(pfor_input, [truth, tf.logical_not(truth)], outputs,
+  outputs = _branch_outputs(op_inputs, graphs, values[1:])
+  return _merge_branches(op_inputs, [truth, tf.logical_not(truth)], outputs,
                          predicate.stacked)
 
 
-def _only_branch(pfor_input, graph, inputs):
+def _only_branch(op_inputs, graph, inputs):
   """The branch a predicate known when tracing takes, alone.
 
   TensorFlow's own code conditions on static sizes (`tf.math.
   is_non_decreasing` of a short vector), and its branches may then give
   shapes that no select could merge.
   """
-  outputs = _branch_outputs(pfor_input, [graph], inputs)[0]
+  outputs = _branch_outputs(op_inputs, [graph], inputs)[0]
   return [tf_internal.wrap_converted(v.tensor, v.stacked) for v in outputs]
 
 
 @_do_not_convert
-def _convert_case(pfor_input):
-  values = tf_internal.pfor_inputs(pfor_input)
+def _convert_case(op_inputs):
+  values = op_inputs.inputs()
   index = values[0]
-  count = len(pfor_input.op.get_attr("branches"))
-  graphs = [tf_internal.function_graph(pfor_input.op, ("branches", k))
+  count = len(op_inputs.op.get_attr("branches"))
+  graphs = [tf_internal.function_graph(op_inputs.op, ("branches", k))
             for k in range(count)]
   if index.stacked:
     found = _collectives_in(graphs)
     if found is not None:
       raise _diverging_collective_error(
           found, "tf.switch_case (or tf.case)", "branch index")
-  known = static_values.value(pfor_input.op.inputs[0])
+  known = static_values.value(op_inputs.op.inputs[0])
   if known is not None:
     # An index out of range takes the last branch, as the Case op does.
     branch = int(known) if 0 <= int(known) < count else count - 1
-    return _only_branch(pfor_input, graphs[branch], values[1:])
+    return _only_branch(op_inputs, graphs[branch], values[1:])
   # An index out of range takes the last branch, as the Case op does.
   chosen = [tf.equal(index.tensor, k) for k in range(count - 1)]
   chosen.append(tf.logical_not(tf.reduce_any(
       tf.stack(chosen, axis=-1), axis=-1)) if chosen else tf.constant(True))
-  outputs = _branch_outputs(pfor_input, graphs, values[1:])
-  return _merge_branches(pfor_input, chosen, outputs, index.stacked)
+  outputs = _branch_outputs(op_inputs, graphs, values[1:])
+  return _merge_branches(op_inputs, chosen, outputs, index.stacked)
 
 
 # --- loops -------------------------------------------------------------------
 
 
-def _loop_stacking(pfor_input, cond_graph, body_graph, values):
+def _loop_stacking(op_inputs, cond_graph, body_graph, values):
   """Which loop variables must be stacked, and whether the predicate is.
 
   A variable that enters the same on every device may leave a body pass
@@ -268,16 +268,16 @@ def _loop_stacking(pfor_input, cond_graph, body_graph, values):
   The conversions happen in a scratch graph that is thrown away.
   """
   stacked = [v.stacked for v in values]
-  size = tf_internal.pfor_loop_size(pfor_input)
+  size = op_inputs.loop_size
   while True:
     with tf_internal.scratch_graph():
       inputs = [tf_internal.ConvertedValue(
           _repeat(v, size) if s else v.tensor, s)
                 for v, s in zip(values, stacked)]
       predicate = tf_internal.convert_graph_inline(
-          pfor_input, cond_graph, inputs, prepare)[0]
+          op_inputs, cond_graph, inputs, prepare)[0]
       outputs = tf_internal.convert_graph_inline(
-          pfor_input, body_graph, inputs, _prepare_body(body_graph))
+          op_inputs, body_graph, inputs, _prepare_body(body_graph))
     changed = False
     for k, output in enumerate(outputs):
       through = body_graph.outputs[k] is body_graph.inputs[k]
@@ -290,13 +290,13 @@ def _loop_stacking(pfor_input, cond_graph, body_graph, values):
 
 
 @_do_not_convert
-def _convert_while(pfor_input):
-  operation = pfor_input.op
+def _convert_while(op_inputs):
+  operation = op_inputs.op
   cond_graph = tf_internal.function_graph(operation, "cond")
   body_graph = tf_internal.function_graph(operation, "body")
-  values = tf_internal.pfor_inputs(pfor_input)
-  size = tf_internal.pfor_loop_size(pfor_input)
-  stacked, per_device = _loop_stacking(pfor_input, cond_graph, body_graph,
+  values = op_inputs.inputs()
+  size = op_inputs.loop_size
+  stacked, per_device = _loop_stacking(op_inputs, cond_graph, body_graph,
                                        values)
   if per_device:
     found = _collectives_in([cond_graph, body_graph])
@@ -305,12 +305,12 @@ def _convert_while(pfor_input):
 
   init = [_repeat(v, size) if s else v.tensor
           for v, s in zip(values, stacked)]
-  final = _build_loop(pfor_input, operation, cond_graph, body_graph, stacked,
+  final = _build_loop(op_inputs, operation, cond_graph, body_graph, stacked,
                       per_device, init, size)
   return [tf_internal.wrap_converted(t, s) for t, s in zip(final, stacked)]
 
 
-def _build_loop(pfor_input, operation, cond_graph, body_graph, stacked,
+def _build_loop(op_inputs, operation, cond_graph, body_graph, stacked,
                 per_device, init, size):
   """The vectorized loop: one tf.while_loop over the stacked state."""
 
@@ -318,7 +318,7 @@ def _build_loop(pfor_input, operation, cond_graph, body_graph, stacked,
     # Through an Identity: DTensor's mesh propagation cannot follow a loop
     # variable into a loop nested in this one ("Block argument must be
     # enclosed by a function", TF 2.21), but follows an op's result.
-    return tf_internal.convert_graph_inline(pfor_input, graph, [
+    return tf_internal.convert_graph_inline(op_inputs, graph, [
         tf_internal.ConvertedValue(tf.identity(t), s)
         for t, s in zip(state, stacked)],
                                             prepare if graph is cond_graph

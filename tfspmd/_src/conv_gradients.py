@@ -24,13 +24,13 @@ def mark(operations):
       tf_internal.set_pfor_converter(operation, _convert)
 
 
-def _convert(pfor_input):
-  inputs, inputs_stacked, _ = pfor_input.input(0)
-  out_backprop, backprop_stacked, _ = pfor_input.input(2)
+def _convert(op_inputs):
+  inputs, inputs_stacked = op_inputs.input(0)
+  out_backprop, backprop_stacked = op_inputs.input(2)
   # With a filter that differs between devices the converted sizes are
   # computed from the stacked filter; the per-device op's are static.
-  filter_sizes = _static_sizes(pfor_input.op.inputs[1])
-  size = tf_internal.pfor_loop_size(pfor_input)
+  filter_sizes = _static_sizes(op_inputs.op.inputs[1])
+  size = op_inputs.loop_size
   # Not tf.broadcast_to(x[None]): DTensor crashes on a new-axis slice.
   if not inputs_stacked:
     inputs = stacking.repeat_along_new_axis(inputs, 0, size)
@@ -38,10 +38,10 @@ def _convert(pfor_input):
     out_backprop = stacking.repeat_along_new_axis(out_backprop, 0, size)
   grads = _filter_gradient(
       inputs, out_backprop, filter_sizes,
-      strides=pfor_input.get_attr("strides"),
-      dilations=pfor_input.get_attr("dilations"),
-      padding=pfor_input.get_attr("padding").decode(),
-      explicit_paddings=pfor_input.get_attr("explicit_paddings"))
+      strides=op_inputs.get_attr("strides"),
+      dilations=op_inputs.get_attr("dilations"),
+      padding=op_inputs.get_attr("padding").decode(),
+      explicit_paddings=op_inputs.get_attr("explicit_paddings"))
   return [tf_internal.wrap_converted(grads, True)]
 
 

@@ -42,12 +42,12 @@ def mark(operations):
 
 
 @_do_not_convert
-def _convert_reverse(pfor_input):
-  value, stacked, _ = pfor_input.input(0)
-  axes = tf.get_static_value(pfor_input.unstacked_input(1))
-  rank = pfor_input.op.inputs[0].shape.rank
+def _convert_reverse(op_inputs):
+  value, stacked = op_inputs.input(0)
+  axes = tf.get_static_value(op_inputs.unstacked_input(1))
+  rank = op_inputs.op.inputs[0].shape.rank
   if axes is None or rank is None or not value.shape.is_fully_defined():
-    return tf_internal.default_pfor_converter("ReverseV2")(pfor_input)
+    return tf_internal.default_pfor_converter("ReverseV2")(op_inputs)
   offset = 1 if stacked else 0
   for axis in {int(a) % rank for a in axes.reshape(-1)}:
     length = value.shape[axis + offset]
@@ -82,9 +82,9 @@ def explicit_equation(equation, ranks):
 
 
 @_do_not_convert
-def _convert_einsum(pfor_input):
-  equation = pfor_input.op.get_attr("equation").decode()
-  ranks = [t.shape.rank for t in pfor_input.op.inputs]
+def _convert_einsum(op_inputs):
+  equation = op_inputs.op.get_attr("equation").decode()
+  ranks = [t.shape.rank for t in op_inputs.op.inputs]
   explicit = None
   if "->" in equation and None not in ranks:
     explicit = explicit_equation(equation, ranks)
@@ -100,7 +100,7 @@ def _convert_einsum(pfor_input):
   terms = inputs.split(",")
   values = []
   for k, term in enumerate(terms):
-    value, stacked, _ = pfor_input.input(k)
+    value, stacked = op_inputs.input(k)
     if stacked:
       terms[k] = batch + term
     values.append(value)
@@ -108,22 +108,22 @@ def _convert_einsum(pfor_input):
   return [tf_internal.wrap_converted(result, True)]
 
 
-def _static_shapes(pfor_input):
-  value, stacked, _ = pfor_input.input(0)
+def _static_shapes(op_inputs):
+  value, stacked = op_inputs.input(0)
   return value, stacked, value.shape.is_fully_defined()
 
 
 @_do_not_convert
-def _convert_roll(pfor_input):
-  value, stacked, known = _static_shapes(pfor_input)
-  if pfor_input.input(1).is_stacked:
-    return _convert_roll_by_device(pfor_input)
+def _convert_roll(op_inputs):
+  value, stacked, known = _static_shapes(op_inputs)
+  if op_inputs.input(1).stacked:
+    return _convert_roll_by_device(op_inputs)
   # The gradient of a roll shifts by -shift: known when shift is.
-  shifts = static_values.value(pfor_input.unstacked_input(1))
-  axes = static_values.value(pfor_input.unstacked_input(2))
+  shifts = static_values.value(op_inputs.unstacked_input(1))
+  axes = static_values.value(op_inputs.unstacked_input(2))
   if not known or shifts is None or axes is None:
-    return tf_internal.default_pfor_converter("Roll")(pfor_input)
-  rank = pfor_input.op.inputs[0].shape.rank
+    return tf_internal.default_pfor_converter("Roll")(op_inputs)
+  rank = op_inputs.op.inputs[0].shape.rank
   offset = 1 if stacked else 0
   shift_by_axis = {}
   for shift, axis in zip(shifts.reshape(-1), axes.reshape(-1)):
@@ -136,16 +136,16 @@ def _convert_roll(pfor_input):
   return [tf_internal.wrap_converted(value, stacked)]
 
 
-def _convert_roll_by_device(pfor_input):
+def _convert_roll_by_device(op_inputs):
   """A roll whose shift differs between devices: a gather of each row."""
-  value = tf_internal.stacked_input(pfor_input, 0)
-  shifts = pfor_input.stacked_input(1)
-  axes = tf.get_static_value(pfor_input.unstacked_input(2))
-  rank = pfor_input.op.inputs[0].shape.rank
+  value = op_inputs.stacked_input(0)
+  shifts = op_inputs.stacked_input(1)
+  axes = tf.get_static_value(op_inputs.unstacked_input(2))
+  rank = op_inputs.op.inputs[0].shape.rank
   if (axes is None or rank is None or
       not value.shape[1:].is_fully_defined()):
     raise ValueError(
-        f"tf.roll ({pfor_input.op.name.split('/pfor/')[0]}) with a shift "
+        f"tf.roll ({op_inputs.op.name.split('/pfor/')[0]}) with a shift "
         f"that differs between devices: tfspmd maps it only with static "
         f"axes and a value of static shape.")
   shifts = tf.reshape(shifts, [value.shape[0], -1])
@@ -159,30 +159,30 @@ def _convert_roll_by_device(pfor_input):
 
 
 @_do_not_convert
-def _convert_argmin(pfor_input):
-  value, stacked, _ = pfor_input.input(0)
+def _convert_argmin(op_inputs):
+  value, stacked = op_inputs.input(0)
   if not (value.dtype.is_floating or (value.dtype.is_integer and
                                       not value.dtype.is_unsigned)):
-    return tf_internal.default_pfor_converter("ArgMin")(pfor_input)
-  axis = pfor_input.unstacked_input(1)
-  rank = pfor_input.op.inputs[0].shape.rank
+    return tf_internal.default_pfor_converter("ArgMin")(op_inputs)
+  axis = op_inputs.unstacked_input(1)
+  rank = op_inputs.op.inputs[0].shape.rank
   if stacked:
     axis = tf.where(axis < 0, axis + rank, axis) + 1
   # -x reverses the order, ties keep the first position; for integers -min
   # overflows, so compare against the maximum instead.
   flipped = -value if value.dtype.is_floating else value.dtype.max - value
   result = tf.math.argmax(flipped, axis=axis,
-                          output_type=pfor_input.get_attr("output_type"))
+                          output_type=op_inputs.get_attr("output_type"))
   return [tf_internal.wrap_converted(result, stacked)]
 
 
 @_do_not_convert
-def _convert_band_part(pfor_input):
-  value, stacked, known = _static_shapes(pfor_input)
-  lower = tf.get_static_value(pfor_input.unstacked_input(1))
-  upper = tf.get_static_value(pfor_input.unstacked_input(2))
+def _convert_band_part(op_inputs):
+  value, stacked, known = _static_shapes(op_inputs)
+  lower = tf.get_static_value(op_inputs.unstacked_input(1))
+  upper = tf.get_static_value(op_inputs.unstacked_input(2))
   if not known or lower is None or upper is None:
-    return tf_internal.default_pfor_converter("MatrixBandPart")(pfor_input)
+    return tf_internal.default_pfor_converter("MatrixBandPart")(op_inputs)
   rows, columns = value.shape[-2:]
   row = tf.range(rows)[:, None]
   column = tf.range(columns)[None, :]
@@ -196,11 +196,11 @@ def _convert_band_part(pfor_input):
 
 
 @_do_not_convert
-def _convert_diag_part(pfor_input):
-  value, stacked, known = _static_shapes(pfor_input)
-  k = tf.get_static_value(pfor_input.unstacked_input(1))
+def _convert_diag_part(op_inputs):
+  value, stacked, known = _static_shapes(op_inputs)
+  k = tf.get_static_value(op_inputs.unstacked_input(1))
   if not known or k is None or k.size != 1 or int(k) != 0:
-    return tf_internal.default_pfor_converter("MatrixDiagPartV3")(pfor_input)
+    return tf_internal.default_pfor_converter("MatrixDiagPartV3")(op_inputs)
   rows, columns = value.shape[-2:]
   length = min(rows, columns)
   matrices = tf.reshape(value, [-1, rows * columns])
@@ -211,48 +211,48 @@ def _convert_diag_part(pfor_input):
 
 
 @_do_not_convert
-def _convert_depthwise(pfor_input):
-  _, stacked, known = _static_shapes(pfor_input)
-  if (pfor_input.input(1).is_stacked or not stacked or not known or
-      pfor_input.get_attr("data_format") != b"NHWC"):
+def _convert_depthwise(op_inputs):
+  _, stacked, known = _static_shapes(op_inputs)
+  if (op_inputs.input(1).stacked or not stacked or not known or
+      op_inputs.get_attr("data_format") != b"NHWC"):
     return tf_internal.default_pfor_converter("DepthwiseConv2dNative")(
-        pfor_input)
-  return _on_folded_batch(pfor_input)
+        op_inputs)
+  return _on_folded_batch(op_inputs)
 
 
 @_do_not_convert
-def _convert_batch_folded(pfor_input):
+def _convert_batch_folded(op_inputs):
   """An op on a batch of images, the devices folded into the batch."""
-  _, stacked, known = _static_shapes(pfor_input)
+  _, stacked, known = _static_shapes(op_inputs)
   if not stacked or not known or any(
-      pfor_input.input(k).is_stacked for k in range(1, pfor_input.num_inputs)):
+      op_inputs.input(k).stacked for k in range(1, op_inputs.num_inputs)):
     raise ValueError(
-        f"the function mapped over the axis gives {pfor_input.op.type} "
+        f"the function mapped over the axis gives {op_inputs.op.type} "
         f"arguments other than the images that differ between devices; "
         f"tfspmd maps it only over images of a static shape, with the same "
         f"size and options on every device.")
-  return _on_folded_batch(pfor_input)
+  return _on_folded_batch(op_inputs)
 
 
-def _on_folded_batch(pfor_input):
+def _on_folded_batch(op_inputs):
   """The op on its first input with the devices folded into its batch.
 
   The first input is stacked and of static shape; the others are the same
   on every device.
   """
-  value = pfor_input.stacked_input(0)
+  value = op_inputs.stacked_input(0)
   shape = value.shape.as_list()
   folded = tf.reshape(value, [shape[0] * shape[1]] + shape[2:])
-  others = [pfor_input.unstacked_input(k)
-            for k in range(1, pfor_input.num_inputs)]
-  result = tf_internal.recreate_op(pfor_input.op, [folded] + others)[0]
+  others = [op_inputs.unstacked_input(k)
+            for k in range(1, op_inputs.num_inputs)]
+  result = tf_internal.recreate_op(op_inputs.op, [folded] + others)[0]
   result = tf.reshape(result, shape[:2] + result.shape.as_list()[1:])
   return [tf_internal.wrap_converted(result, True)]
 
 
 @_do_not_convert
-def _convert_l2_loss(pfor_input):
-  value = pfor_input.stacked_input(0)
+def _convert_l2_loss(op_inputs):
+  value = op_inputs.stacked_input(0)
   half_sum = tf.reduce_sum(tf.square(value),
                            axis=list(range(1, value.shape.rank))) / 2
   return [tf_internal.wrap_converted(half_sum, True)]
@@ -283,14 +283,13 @@ def select(condition, on_true, on_false):
 
 
 @_do_not_convert
-def _convert_select(pfor_input):
-  operation = pfor_input.op
+def _convert_select(op_inputs):
+  operation = op_inputs.op
   rank = operation.outputs[0].shape.rank
   if rank is None or rank + 1 <= _SELECT_V2_MAX_RANK or (
       operation.type == "Select" and operation.inputs[0].shape.rank != rank):
-    return tf_internal.default_pfor_converter(operation.type)(pfor_input)
-  pfor_input.expanddim_inputs_for_broadcast()
-  condition, on_true, on_false = (pfor_input.input(k)[0] for k in range(3))
+    return tf_internal.default_pfor_converter(operation.type)(op_inputs)
+  condition, on_true, on_false = op_inputs.broadcast_inputs()
   return [tf_internal.wrap_converted(select(condition, on_true, on_false),
                                      True)]
 

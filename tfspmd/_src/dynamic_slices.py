@@ -27,35 +27,35 @@ def mark(operations):
       tf_internal.set_pfor_converter(operation, _convert_strided_slice)
 
 
-def _offsets_stacked(pfor_input):
-  return any(pfor_input.input(k).is_stacked
-             for k in range(1, pfor_input.num_inputs))
+def _offsets_stacked(op_inputs):
+  return any(op_inputs.input(k).stacked
+             for k in range(1, op_inputs.num_inputs))
 
 
 @_do_not_convert
-def _convert_slice(pfor_input):
-  operation = pfor_input.op
+def _convert_slice(op_inputs):
+  operation = op_inputs.op
   sizes = operation.outputs[0].shape
-  if not _offsets_stacked(pfor_input) or pfor_input.input(2).is_stacked:
-    return per_position.default_or_per_position(pfor_input)
+  if not _offsets_stacked(op_inputs) or op_inputs.input(2).stacked:
+    return per_position.default_or_per_position(op_inputs)
   if not sizes.is_fully_defined():
     raise ValueError(
         f"the slice {operation.name.split('/pfor/')[0]} starts at an offset "
         f"that differs between devices and has the size {sizes}, not known "
         f"when tracing. Give tf.slice a static size (no -1 past an offset "
         f"that differs between devices), as lax.dynamic_slice takes one.")
-  begin = tf_internal.stacked_input(pfor_input, 1)
-  value = tf_internal.stacked_input(pfor_input, 0)
+  begin = op_inputs.stacked_input(1)
+  value = op_inputs.stacked_input(0)
   return [tf_internal.wrap_converted(
       slice_rows(value, begin, sizes.as_list()), True)]
 
 
 @_do_not_convert
-def _convert_strided_slice(pfor_input):
-  operation = pfor_input.op
-  if not _offsets_stacked(pfor_input) or pfor_input.input(3).is_stacked:
-    return per_position.default_or_per_position(pfor_input)
-  value = tf_internal.stacked_input(pfor_input, 0)
+def _convert_strided_slice(op_inputs):
+  operation = op_inputs.op
+  if not _offsets_stacked(op_inputs) or op_inputs.input(3).stacked:
+    return per_position.default_or_per_position(op_inputs)
+  value = op_inputs.stacked_input(0)
   sizes = _strided_slice_sizes(operation, value.shape.as_list()[1:])
   if sizes is None:
     raise ValueError(
@@ -67,7 +67,7 @@ def _convert_strided_slice(pfor_input):
   shrink = operation.get_attr("shrink_axis_mask")
   begin_mask = operation.get_attr("begin_mask")
   dims = value.shape.as_list()[1:]
-  begin = tf_internal.stacked_input(pfor_input, 1)
+  begin = op_inputs.stacked_input(1)
   given = begin.shape[1]
   starts = []
   for axis, dim in enumerate(dims):

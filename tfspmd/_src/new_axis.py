@@ -36,25 +36,25 @@ def mark_slices(operations):
 
 
 @_do_not_convert
-def _convert(pfor_input):
+def _convert(op_inputs):
   """pfor's StridedSlice conversion, with the new axes made by a reshape."""
-  op = pfor_input.op
+  op = op_inputs.op
   out_shape = op.outputs[0].shape
-  if any(pfor_input.input(k).is_stacked for k in (1, 2, 3)):
-    return tf_internal.default_pfor_converter("StridedSlice")(pfor_input)
-  spec = [tf.get_static_value(pfor_input.unstacked_input(k))
+  if any(op_inputs.input(k).stacked for k in (1, 2, 3)):
+    return tf_internal.default_pfor_converter("StridedSlice")(op_inputs)
+  spec = [tf.get_static_value(op_inputs.unstacked_input(k))
           for k in (1, 2, 3)]
   if not out_shape.is_fully_defined() or any(s is None for s in spec):
-    return tf_internal.default_pfor_converter("StridedSlice")(pfor_input)
+    return tf_internal.default_pfor_converter("StridedSlice")(op_inputs)
   new_axis = op.get_attr("new_axis_mask")
   kept = [k for k in range(len(spec[0])) if not new_axis >> k & 1]
   masks = {name: _compact(op.get_attr(name), kept)
            for name in ("begin_mask", "end_mask", "ellipsis_mask",
                         "shrink_axis_mask")}
-  stacked = pfor_input.stacked_input(0)
+  stacked = op_inputs.stacked_input(0)
   loop_len = stacked.shape[0]
   if loop_len is None:
-    return tf_internal.default_pfor_converter("StridedSlice")(pfor_input)
+    return tf_internal.default_pfor_converter("StridedSlice")(op_inputs)
   # The loop's own axis goes in front, whole: as pfor's converter does.
   sliced = tf.strided_slice(
       stacked, [0] + [int(spec[0][k]) for k in kept],
@@ -69,24 +69,24 @@ def _convert(pfor_input):
 
 
 @_do_not_convert
-def _convert_gradient(pfor_input):
+def _convert_gradient(op_inputs):
   """pfor's StridedSliceGrad conversion, of the slice without its new axes.
 
   The gradient of a slice with new axes reads the same slice spec in
   DTensor's layout propagation; the incoming gradient, reshaped to drop the
   new axes (each of size 1), is the gradient of the slice without them.
   """
-  op = pfor_input.op
+  op = op_inputs.op
   default = tf_internal.default_pfor_converter("StridedSliceGrad")
-  if (any(pfor_input.input(k).is_stacked for k in (0, 1, 2, 3)) or
-      not pfor_input.input(4).is_stacked):
-    return default(pfor_input)
+  if (any(op_inputs.input(k).stacked for k in (0, 1, 2, 3)) or
+      not op_inputs.input(4).stacked):
+    return default(op_inputs)
   shape, begin, end, strides = [
-      tf.get_static_value(pfor_input.unstacked_input(k)) for k in range(4)]
-  dy = pfor_input.stacked_input(4)
+      tf.get_static_value(op_inputs.unstacked_input(k)) for k in range(4)]
+  dy = op_inputs.stacked_input(4)
   if (any(v is None for v in (shape, begin, end, strides)) or
       dy.shape[0] is None):
-    return default(pfor_input)
+    return default(op_inputs)
   new_axis = op.get_attr("new_axis_mask")
   kept = [k for k in range(len(begin)) if not new_axis >> k & 1]
   masks = {name: _compact(op.get_attr(name), kept)

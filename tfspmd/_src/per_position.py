@@ -41,24 +41,24 @@ def give_fallback(operation):
 
 
 @_do_not_convert
-def default_or_per_position(pfor_input):
+def default_or_per_position(op_inputs):
   """pfor's converter, or this route where it refuses an input."""
   try:
-    return tf_internal.default_pfor_converter(pfor_input.op.type)(pfor_input)
+    return tf_internal.default_pfor_converter(op_inputs.op.type)(op_inputs)
   except Exception as e:  # pylint: disable=broad-except
     if not tf_internal.refuses_input(e):
       raise
-  return convert(pfor_input)
+  return convert(op_inputs)
 
 
 @_do_not_convert
-def convert(pfor_input):
+def convert(op_inputs):
   """A pfor converter: the op once per position, the results stacked."""
-  operation = pfor_input.op
+  operation = op_inputs.op
   _check_stackable(operation)
   route_log.record(route_log.PER_POSITION, operation.type)
-  size = tf_internal.pfor_loop_size(pfor_input)
-  values = tf_internal.pfor_inputs(pfor_input)
+  size = op_inputs.loop_size
+  values = op_inputs.inputs()
   # An output size computed from the data but bounded to one value (the
   # size of tf.math.bincount with minlength == maxlength) is that value.
   values = [_known_value(value, original)

@@ -162,8 +162,9 @@ def wrap_converted(tensor, stacked):
 
 
 def default_pfor_converter(op_type):
-  """pfor's own converter for ops of `op_type`."""
-  return _pfor._pfor_converter_registry[op_type]  # pylint: disable=protected-access
+  """pfor's own converter for ops of `op_type`, called with an `OpInputs`."""
+  converter = _pfor._pfor_converter_registry[op_type]  # pylint: disable=protected-access
+  return lambda op_inputs: converter(op_inputs._pfor_input)  # pylint: disable=protected-access
 
 
 def has_default_pfor_converter(op_type):
@@ -184,8 +185,12 @@ def refuses_input(error):
 
 
 def set_pfor_converter(operation, converter):
-  """Makes pfor call `converter(pfor_input)` for `operation`."""
-  operation.pfor_converter = converter
+  """Makes pfor call `converter(op_inputs)` for `operation`.
+
+  `converter` is given the op's `OpInputs` and returns one
+  `wrap_converted` value per output of the op.
+  """
+  operation.pfor_converter = lambda pfor_input: converter(OpInputs(pfor_input))
 
 
 def tracking_wrapper_types():
@@ -316,11 +321,77 @@ def tape_active():
 
 
 class ConvertedValue:
-  """What pfor made of one tensor: `tensor`, stacked along the loop or not."""
+  """What pfor made of one tensor: `tensor`, stacked along the loop or not.
+
+  Unpacks as `tensor, stacked = value`.
+  """
+
+  __slots__ = ("tensor", "stacked")
 
   def __init__(self, tensor, stacked):
     self.tensor = tensor
     self.stacked = stacked
+
+  def __iter__(self):
+    return iter((self.tensor, self.stacked))
+
+
+class OpInputs:
+  """The op pfor is converting and its converted inputs.
+
+  Every converter tfspmd gives pfor is called with one, in place of pfor's
+  private `_PforInput`: the only view of pfor's converter protocol that the
+  rest of tfspmd uses.
+  """
+
+  __slots__ = ("_pfor_input",)
+
+  def __init__(self, pfor_input):
+    self._pfor_input = pfor_input
+
+  @property
+  def op(self):
+    """The `tf.Operation` of the per-position program being converted."""
+    return self._pfor_input.op
+
+  @property
+  def num_inputs(self):
+    return self._pfor_input.num_inputs
+
+  @property
+  def loop_size(self):
+    """The number of loop positions being converted, as a Python int."""
+    return int(tf.get_static_value(
+        self._pfor_input.pfor.loop_len_vector)[0])
+
+  def input(self, index):
+    """Input `index` as a `ConvertedValue`."""
+    wrapped = self._pfor_input.input(index)
+    return ConvertedValue(wrapped.t, wrapped.is_stacked)
+
+  def inputs(self):
+    """Every input, as `ConvertedValue`s."""
+    return [self.input(k) for k in range(self.num_inputs)]
+
+  def unstacked_input(self, index):
+    """Input `index`, which must be the same on every position."""
+    return self._pfor_input.unstacked_input(index)
+
+  def stacked_input(self, index):
+    """Input `index` with the loop axis in front.
+
+    An input the same on every position is repeated along the loop axis.
+    """
+    self._pfor_input.stack_inputs(stack_indices=[index])
+    return self._pfor_input.stacked_input(index)
+
+  def broadcast_inputs(self):
+    """Every input stacked, or given a loop axis of 1, to broadcast together."""
+    self._pfor_input.expanddim_inputs_for_broadcast()
+    return [self._pfor_input.input(k).t for k in range(self.num_inputs)]
+
+  def get_attr(self, name):
+    return self._pfor_input.get_attr(name)
 
 
 def function_graph(operation, attr):
@@ -334,26 +405,6 @@ def function_graph(operation, attr):
   else:
     name = operation.get_attr(attr).name
   return operation.graph._get_function(name).graph  # pylint: disable=protected-access
-
-
-def pfor_inputs(pfor_input):
-  """The converted inputs of the op being converted, as `ConvertedValue`s."""
-  return [ConvertedValue(pfor_input.input(k).t, pfor_input.input(k).is_stacked)
-          for k in range(pfor_input.num_inputs)]
-
-
-def stacked_input(pfor_input, index):
-  """Input `index` of the op being converted, with the loop axis in front.
-
-  An input the same on every position is repeated along the loop axis.
-  """
-  pfor_input.stack_inputs(stack_indices=[index])
-  return pfor_input.stacked_input(index)
-
-
-def pfor_loop_size(pfor_input):
-  """The number of loop positions pfor is converting, as a Python int."""
-  return int(tf.get_static_value(pfor_input.pfor.loop_len_vector)[0])
 
 
 class Conversion:
@@ -374,22 +425,22 @@ class Conversion:
         tensor, _pfor.wrap(value.tensor, value.stacked))
 
   def apply(self, operation, converter):
-    """Runs `converter(pfor_input)` for `operation` as pfor would."""
+    """Runs `converter(op_inputs)` for `operation` as pfor would."""
     inputs = [self._converter._convert_helper(t) for t in operation.inputs]  # pylint: disable=protected-access
-    pfor_input = _pfor._PforInput(self._converter, operation, inputs)  # pylint: disable=protected-access
-    return [ConvertedValue(w.t, w.is_stacked) for w in converter(pfor_input)]
+    op_inputs = OpInputs(_pfor._PforInput(self._converter, operation, inputs))  # pylint: disable=protected-access
+    return [ConvertedValue(w.t, w.is_stacked) for w in converter(op_inputs)]
 
 
-def convert_graph_inline(pfor_input, graph, inputs, prepare):
+def convert_graph_inline(op_inputs, graph, inputs, prepare):
   """Vectorizes the ops of a function graph into the graph being built.
 
   pfor's own converters of function-calling ops (While, If, a call) wrap
   the converted body in a nested `tf.function`; DTensor cannot place many
   of those. This converts the body's ops in place instead, in the same
-  pfor loop as `pfor_input`'s op.
+  pfor loop as `op_inputs`'s op.
 
   Args:
-    pfor_input: The `_PforInput` of the op that calls `graph`.
+    op_inputs: The `OpInputs` of the op that calls `graph`.
     graph: The FuncGraph, whose inputs are fed `inputs`.
     inputs: One `ConvertedValue` per `graph.inputs`.
     prepare: `prepare(conversion, operations)`, run before the outputs are
@@ -398,8 +449,8 @@ def convert_graph_inline(pfor_input, graph, inputs, prepare):
   Returns:
     One `ConvertedValue` per output of `graph`.
   """
-  outer = pfor_input.pfor
-  size = pfor_loop_size(pfor_input)
+  outer = op_inputs._pfor_input.pfor  # pylint: disable=protected-access
+  size = op_inputs.loop_size
   conversion = Conversion(_pfor.PFor(
       loop_var=outer.loop_var, loop_len=size,
       pfor_ops=graph.get_operations(), fallback_to_while_loop=False,

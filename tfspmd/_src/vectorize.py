@@ -186,13 +186,13 @@ def _mark_invariant(value, k, frame, invariant, varying):
   outputs = tf.raw_ops.IdentityN(input=[value, frame.index])
 
   @_do_not_convert
-  def convert(pfor_input):
-    tensor, stacked, _ = pfor_input.input(0)
+  def convert(op_inputs):
+    tensor, stacked = op_inputs.input(0)
     if stacked:
       varying.append(k)
     else:
       invariant[k] = tensor
-    return [pfor_input.input(0), pfor_input.input(1)]
+    return [tf_internal.wrap_converted(*op_inputs.input(k)) for k in range(2)]
 
   tf_internal.set_pfor_converter(outputs[0].op, convert)
   return outputs[0]

@@ -125,15 +125,15 @@ def _emit(value, chain, collective, result_shape, levels):
   value_input = len(head)
 
   @_do_not_convert
-  def convert(pfor_input):
-    own_index = pfor_input.input(pfor_input.num_inputs - 1)
-    if not own_index.is_stacked:
+  def convert(op_inputs):
+    own_index = op_inputs.input(op_inputs.num_inputs - 1)
+    if not own_index.stacked:
       raise ValueError(
           f"{collective.function} over axis {frame.name!r} met a loop that "
           f"is not that axis's (a tf.vectorized_map or tf.while_loop inside "
           f"the mapped function?). Use tfspmd.vmap with an axis_name instead "
           f"of tf.vectorized_map around collectives.")
-    tensor, stacked, _ = pfor_input.input(value_input)
+    tensor, stacked = op_inputs.input(value_input)
     remaining = _remaining_targets(collective.targets, chain[:-1])
     tensor, stacked, out_stacked = _convert_level(
         tensor, stacked, frame, collective, levels, outermost=not remaining)
@@ -144,7 +144,8 @@ def _emit(value, chain, collective, result_shape, levels):
           [frame.size] * out_stacked + list(result_shape),
           (frame,) * stacked + levels)
     return [tf_internal.wrap_converted(tensor, out_stacked)] + [
-        pfor_input.input(k) for k in range(1, pfor_input.num_inputs)]
+        tf_internal.wrap_converted(*op_inputs.input(k))
+        for k in range(1, op_inputs.num_inputs)]
 
   tf_internal.set_pfor_converter(outputs[0].op, convert)
   setattr(outputs[0].op, control_flow.COLLECTIVE_ATTRIBUTE, collective.function)

@@ -64,8 +64,8 @@ def _pin(tensor, spec, outer, state):
   marked = tf.identity(tensor)
 
   @_do_not_convert
-  def convert(pfor_input):
-    value, stacked, _ = pfor_input.input(0)
+  def convert(op_inputs):
+    value, stacked = op_inputs.input(0)
     dims = [frame.mesh_dim or dtensor.UNSHARDED] if stacked else []
     return [tf_internal.wrap_converted(
         _pin(value, dims + spec, outer[:-1], state), stacked)]
