@@ -423,7 +423,8 @@ def convert_graph_inline(pfor_input, graph, inputs, prepare, operations=()):
   prepare(conversion, graph.get_operations())
   outputs = [conversion.convert(tensor) for tensor in graph.outputs]
   for operation in operations:
-    conversion._converter._convert_helper(operation)  # pylint: disable=protected-access
+    for target in operation.outputs or [operation]:
+      conversion._converter._convert_helper(target)  # pylint: disable=protected-access
   return outputs
 
 
