@@ -126,7 +126,7 @@ def run(program, values, axis_name):
       count = len(program.output_placements)
       if program.effects:
         effects = pmap_trace.effect_values(program, [
-            ShardedArray(value, placement, shape, value.dtype).numpy()
+            ShardedArray(value, placement, shape, value.dtype)
             for value, placement, shape in zip(
                 outputs[count:], program.effect_placements,
                 program.effect_shapes)])

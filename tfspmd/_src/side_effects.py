@@ -51,7 +51,7 @@ class Record:
     tensors: The stacked numeric inputs, each with the leading axes first.
     slots: For each input of the op that runs again (the `StringFormat`'s
       for a print): `("tensor", k)` for `tensors[k]`, `("static", value)`
-      for a string known when tracing.
+      for a value known when tracing (the strings among them).
     lead_shape: The sizes of the leading (device) axes.
   """
   operation: object
@@ -173,9 +173,17 @@ def _convert_effect(pfor_input):
     format_operation = sources[0].op
     sources = list(format_operation.inputs)
   tensors, slots = [], []
-  for tensor in sources:
+  for position, tensor in enumerate(sources):
     if tensor.dtype == tf.string:
       slots.append(("static", _static_string(tensor, operation)))
+      continue
+    # An assertion's condition and a checked value always travel: the
+    # checks after the run read them as `tensors[0]`.
+    checked = position == 0 and format_operation is None
+    known = None if checked else tf.get_static_value(tensor)
+    if known is not None:
+      # Nothing to carry out of the program for a constant.
+      slots.append(("static", known))
       continue
     converted = tf_internal.convert_in_loop(pfor_input, tensor)
     slots.append(("tensor", len(tensors)))
@@ -273,14 +281,23 @@ def replay_on_host(records, values, axis_name):
 
   Args:
     records: The program's `Record`s, in the user's order.
-    values: For each record, `(mask, tensors)` as NumPy arrays (mask None
-      where every device reached it).
+    values: For each record, `(mask, tensors)`: arrays NumPy can read (mask
+      None where every device reached it). An assertion's data is read
+      only where it failed.
     axis_name: The pmap's axis name, for messages.
 
   Raises:
     tf.errors.InvalidArgumentError: A check failed on a device.
   """
   for record, (mask, tensors) in zip(records, values):
+    mask = None if mask is None else np.asarray(mask)
+    if record.operation.type == "Assert":
+      holds = np.asarray(tensors[0])
+      if mask is not None:
+        holds = holds | ~mask
+      if holds.all():
+        continue
+    tensors = [np.asarray(value) for value in tensors]
     for position in np.ndindex(*record.lead_shape):
       if mask is not None and not mask[position]:
         continue
