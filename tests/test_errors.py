@@ -838,6 +838,42 @@ def _():
                             (0, x))[1], "i")(np.zeros((2, 3), np.float32))
 
 
+@case("print-in-loop", OPS,
+      "a tf.print or tf.debugging assertion inside a tf.while_loop",
+      ValueError,
+      r"tf.print or a tf.debugging assertion inside a tf.while_loop in the "
+      r"function mapped over axis 'i'.*Move the print or assertion out of "
+      r"the loop.*debug=True")
+def _():
+  def body(k, v):
+    tf.print(v)
+    return k + 1, v + 1
+  P(lambda x: tf.while_loop(lambda k, v: k < 2, body, (0, x))[1], "i")(
+      np.zeros(2, np.float32))
+
+
+@case("print-with-steps", OPS,
+      "a tf.print or tf.debugging assertion in a pmap with steps=",
+      ValueError,
+      r"tf.print or a tf.debugging assertion inside a pmap with steps=2.*"
+      r"Return the values to print or check from the step")
+def _():
+  def step(c, x):
+    tf.debugging.assert_less(x, 1.0)
+    return c, x
+  P(step, steps=2)(np.zeros(2, np.float32), np.zeros((2, 2), np.float32))
+
+
+@case("print-of-computed-string", OPS,
+      "tf.print of a string tensor computed inside the mapped function",
+      ValueError,
+      r"tf.print inside a mapped function is given a string tensor computed "
+      r"while it runs.*Pass the numbers and put the text in the message")
+def _():
+  P(lambda x: (tf.print(tf.strings.as_string(x)), x)[1], "i")(
+      np.zeros(2, np.float32))
+
+
 @case("gradient-through-unbounded-loop", OPS,
       "a GradientTape through a tf.while_loop without maximum_iterations",
       ValueError,

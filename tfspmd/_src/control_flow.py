@@ -39,6 +39,7 @@ from tfspmd._src import new_axis
 from tfspmd._src import per_position
 from tfspmd._src import random_ops
 from tfspmd._src import shape_folding
+from tfspmd._src import side_effects
 from tfspmd._src import stacking
 from tfspmd._src import static_values
 from tfspmd._src import tensor_lists
@@ -63,6 +64,7 @@ def mark(operations):
   new_axis.mark_slices(operations)
   random_ops.mark(operations)
   dtensor_rewrites.mark(operations)
+  side_effects.mark(operations)
   for operation in operations:
     converter = _CONVERTERS.get(operation.type)
     if converter is None:
@@ -100,6 +102,31 @@ def find_operation(operations, predicate):
         if found is not None:
           return found
   return None
+
+
+def effect_operations(operations, axis_name):
+  """The ops among `operations` that are, or hold, side effects to keep.
+
+  A print or check inside a loop raises: its effects cannot leave the
+  compiled loop.
+  """
+  found = []
+  for operation in operations:
+    if side_effects.is_ignored(operation):
+      continue
+    if side_effects.is_effect(operation):
+      found.append(operation)
+    elif operation.type in _CONVERTERS and any(
+        effect_operations(graph.get_operations(), axis_name)
+        for graph in _called_graphs(operation)):
+      if operation.type in _WHILE:
+        raise side_effects.while_loop_error("tf.while_loop", axis_name)
+      found.append(operation)
+  return found
+
+
+def _graph_effects(graph):
+  return effect_operations(graph.get_operations(), None)
 
 
 def _collectives_in(graphs):
@@ -145,6 +172,7 @@ def prepare(conversion, operations, position=None):
   `tensor_lists.LoopPosition` where `operations` are the body of a loop.
   """
   shape_folding.fold(conversion, operations)
+  side_effects.prepare(conversion, operations)
   tensor_lists.densify(conversion, operations, _convert_while, position)
 
 
@@ -163,16 +191,33 @@ def _prepare_body(body_graph):
 def _convert_call(op_inputs):
   graph = tf_internal.function_graph(op_inputs.op, "f")
   converted = tf_internal.convert_graph_inline(
-      op_inputs, graph, op_inputs.inputs(), prepare)
+      op_inputs, graph, op_inputs.inputs(), prepare,
+      _graph_effects(graph))
+  if not op_inputs.op.outputs:
+    return tf.no_op()
   return [tf_internal.wrap_converted(v.tensor, v.stacked) for v in converted]
 
 
 # --- conditionals ------------------------------------------------------------
 
 
-def _branch_outputs(op_inputs, graphs, inputs):
-  return [tf_internal.convert_graph_inline(op_inputs, graph, inputs, prepare)
-          for graph in graphs]
+def _branch_outputs(op_inputs, graphs, inputs, chosen=None):
+  """The converted outputs of each branch.
+
+  `chosen[k]` (a bool per device, or one for all) tells where branch `k`
+  is taken, and so where its side effects happen; None: the one branch.
+  """
+  outputs = []
+  for k, graph in enumerate(graphs):
+    effects = _graph_effects(graph)
+    if not effects or chosen is None:
+      outputs.append(tf_internal.convert_graph_inline(
+          op_inputs, graph, inputs, prepare, effects))
+      continue
+    with side_effects.branch(chosen[k], (op_inputs.op._id, k)):  # pylint: disable=protected-access
+      outputs.append(tf_internal.convert_graph_inline(
+          op_inputs, graph, inputs, prepare, effects))
+  return outputs
 
 
 def _merge_branches(op_inputs, chosen, branch_outputs, chooser_stacked):
@@ -213,9 +258,9 @@ def _convert_if(op_inputs):
   if known is not None:
     return _only_branch(op_inputs, graphs[0 if known else 1], values[1:])
   truth = tf.cast(predicate.tensor, tf.bool)
-  outputs = _branch_outputs(op_inputs, graphs, values[1:])
-  return _merge_branches(op_inputs, [truth, tf.logical_not(truth)], outputs,
-                         predicate.stacked)
+  chosen = [truth, tf.logical_not(truth)]
+  outputs = _branch_outputs(op_inputs, graphs, values[1:], chosen)
+  return _merged_or_effects(op_inputs, chosen, outputs, predicate.stacked)
 
 
 def _only_branch(op_inputs, graph, inputs):
@@ -226,7 +271,16 @@ def _only_branch(op_inputs, graph, inputs):
   shapes that no select could merge.
   """
   outputs = _branch_outputs(op_inputs, [graph], inputs)[0]
+  if not op_inputs.op.outputs:
+    return tf.no_op()
   return [tf_internal.wrap_converted(v.tensor, v.stacked) for v in outputs]
+
+
+def _merged_or_effects(op_inputs, chosen, branch_outputs, chooser_stacked):
+  """`_merge_branches`, or an op for a conditional with only side effects."""
+  if not op_inputs.op.outputs:
+    return tf.no_op()
+  return _merge_branches(op_inputs, chosen, branch_outputs, chooser_stacked)
 
 
 @_do_not_convert
@@ -250,8 +304,8 @@ def _convert_case(op_inputs):
   chosen = [tf.equal(index.tensor, k) for k in range(count - 1)]
   chosen.append(tf.logical_not(tf.reduce_any(
       tf.stack(chosen, axis=-1), axis=-1)) if chosen else tf.constant(True))
-  outputs = _branch_outputs(op_inputs, graphs, values[1:])
-  return _merge_branches(op_inputs, chosen, outputs, index.stacked)
+  outputs = _branch_outputs(op_inputs, graphs, values[1:], chosen)
+  return _merged_or_effects(op_inputs, chosen, outputs, index.stacked)
 
 
 # --- loops -------------------------------------------------------------------

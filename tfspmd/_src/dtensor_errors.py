@@ -27,9 +27,6 @@ _HINTS = {
         "pfor makes it from a tf.cond or tf.while_loop whose condition "
         "differs between devices; compute both branches and pick with "
         "tf.where instead"),
-    "PrintV2": (
-        "to print per-device values, run the pmap with debug=True, where "
-        "print and tf.print see each device's eager values"),
     "TensorListStack": (
         "a tf.TensorArray makes it; collect the values in a Python list and "
         "tf.stack them"),

@@ -220,6 +220,22 @@ def pmap(
     `devices=`, give every process the same list; each maps over the ones it
     owns.
 
+  Prints and checks:
+    `tf.print`, `tf.debugging.Assert`, the `tf.debugging.assert_*`
+    functions and `tf.debugging.check_numerics` (`assert_all_finite`) inside
+    `fun` happen on every call, as in a `tf.function`, whether or not an
+    output depends on them: their inputs leave the compiled program as extra
+    outputs and the effect happens after it ran, once per device in device
+    order with that device's values (as `jax.debug.print` prints once per
+    device), in the order `fun` has them; a nested pmap's devices come row
+    by row. A failed check raises `tf.errors.InvalidArgumentError` with the
+    check's message and the failing device, and the call returns nothing.
+    Inside a `tf.cond` they happen on the devices that take the branch.
+    Inside a `tf.while_loop`, or with `steps=`, they are an error that says
+    to move them out of the loop (or use debug mode). Under a
+    `GradientTape` they happen in the forward run only. A passing check
+    costs the call a wait for its results and the fetch of its condition.
+
   Debug mode:
     With `debug=True` (or inside `tfspmd.debug_mode()`), nothing is traced:
     each device's program runs eagerly in its own Python thread, and the

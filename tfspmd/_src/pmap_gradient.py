@@ -11,6 +11,7 @@ every device computed, so each device's part of its cotangent is 1/n of it.
 
 import tensorflow as tf
 
+from tfspmd._src import side_effects
 from tfspmd._src import tree
 from tfspmd._src.collectives import reductions
 
@@ -45,7 +46,9 @@ class VjpProgram:
         tape.watch(sources)
         tape.watch(self._variables)
         args, kwargs = rebuild_args(list(leaves))
-        outputs, _ = tree.flatten(fun(*args, **kwargs))
+        # The forward run printed and checked already.
+        with side_effects.ignored():
+          outputs, _ = tree.flatten(fun(*args, **kwargs))
       targets = [tf.convert_to_tensor(o) for o in outputs]
       pairs = [(t, c) for t, c in zip(targets, cotangents)
                if is_differentiable(t.dtype)]

@@ -18,6 +18,7 @@ relayouts onto the mesh of every process's devices, and takes DTensors.
 from tfspmd._src import arguments
 from tfspmd._src import devices
 from tfspmd._src import pmap_trace
+from tfspmd._src import side_effects
 from tfspmd._src.sharded_array import ShardedArray
 
 
@@ -44,7 +45,10 @@ def call(options, programs, args, kwargs):
       options, programs, key, bound, values, in_user_graph=True,
       lays_out=devices.process_count() > 1)
   outputs = program.inline(*values)
-  return program.output_treedef.unflatten(list(outputs))
+  count = len(program.output_placements)
+  side_effects.replay_in_graph(
+      program.effects, pmap_trace.effect_values(program, outputs[count:]))
+  return program.output_treedef.unflatten(list(outputs[:count]))
 
 
 def _local_shape(value, axis, path, share):

@@ -19,6 +19,7 @@ from tfspmd._src import placement as placement_lib
 from tfspmd._src import pmap_donation
 from tfspmd._src import pmap_trace
 from tfspmd._src import run_errors
+from tfspmd._src import side_effects
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
 from tfspmd._src.config import config
@@ -105,7 +106,8 @@ def run(program, values, axis_name):
   A program that fails while it runs leaves DTensor's device unusable: the
   device is replaced (`dtensor_device`) before the error is raised. DTensor
   runs programs asynchronously, so a program that may fail is waited on
-  here, where its failure surfaces.
+  here, where its failure surfaces. The program's prints and checks happen
+  after it ran (`side_effects`): a failed check raises here.
   """
   placed = [_place(value, placement, blocks)
             for value, placement, blocks in zip(
@@ -121,6 +123,14 @@ def run(program, values, axis_name):
         tf_internal.wait_for_pending_ops()
         for output in outputs:
           dtensor.unpack(output)
+      count = len(program.output_placements)
+      if program.effects:
+        effects = pmap_trace.effect_values(program, [
+            ShardedArray(value, placement, shape, value.dtype)
+            for value, placement, shape in zip(
+                outputs[count:], program.effect_placements,
+                program.effect_shapes)])
+        outputs = outputs[:count]
   except tf.errors.OpError as e:
     multiprocess_hooks.raise_peer_failure(e)
     explained = dtensor_errors.explain(e, axis_name)
@@ -128,6 +138,8 @@ def run(program, values, axis_name):
       raise explained from None
     dtensor_device.replace()
     raise run_errors.failed_run(e, axis_name) from None
+  if program.effects:
+    side_effects.replay_on_host(program.effects, effects, axis_name)
   return [ShardedArray(value, placement, shape, dtype)
           for value, placement, shape, dtype in zip(
               outputs, program.output_placements, program.output_shapes,

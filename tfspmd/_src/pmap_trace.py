@@ -57,6 +57,11 @@ class Program:
     device_generation: The `dtensor_device.generation()` it was traced in.
     may_fail: Whether it may fail while it runs (`run_errors.may_fail`): its
       call then waits for its results.
+    effects: The `side_effects.Record`s of its prints and checks, whose
+      values follow the outputs (`function` and `inline` return them after
+      the output leaves): for each, its mask (if any), then its tensors.
+    effect_placements: The `Placement` of each of those values.
+    effect_shapes: This process's shape of each of those values.
   """
   function: object
   input_placements: tuple
@@ -73,6 +78,9 @@ class Program:
   dtensor_switches: tuple
   device_generation: int
   may_fail: bool
+  effects: tuple = ()
+  effect_placements: tuple = ()
+  effect_shapes: tuple = ()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -176,7 +184,17 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
         placements.append(placement)
         outputs.append(_relayout(value, placement.layout) if lays_out
                        else value)
-      built.update(result=result, placements=placements, mesh_key=mesh_key)
+      effect_placements = []
+      for value in _effect_values(result.effects):
+        # Split over the outermost axis like a mapped output: no device
+        # sends its part to another.
+        placement = placement_for(
+            mesh_key, (top_dim,) + (None,) * (value.shape.rank - 1))
+        effect_placements.append(placement)
+        outputs.append(_relayout(value, placement.layout) if lays_out
+                       else value)
+      built.update(result=result, placements=placements, mesh_key=mesh_key,
+                   effect_placements=effect_placements)
       return outputs
 
   function = tf.function(program, jit_compile=True, autograph=False)
@@ -228,7 +246,33 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
           devices_lib.process_count(), graph_def),
       mesh=mesh,
       device_generation=dtensor_device.generation(),
-      may_fail=run_errors.may_fail(graph_def))
+      may_fail=run_errors.may_fail(graph_def),
+      effects=tuple(result.effects),
+      effect_placements=tuple(built["effect_placements"]),
+      effect_shapes=tuple(
+          tf.TensorShape(placement.local_shape(tuple(value.shape)))
+          for value, placement in zip(_effect_values(result.effects),
+                                      built["effect_placements"])))
+
+
+def _effect_values(records):
+  """The tensors the program returns for `records`, in `Program.effects` order."""
+  values = []
+  for record in records:
+    if record.mask is not None:
+      values.append(record.mask)
+    values.extend(record.tensors)
+  return values
+
+
+def effect_values(program, values):
+  """Splits the values of `Program.effects` into `(mask, tensors)` per record."""
+  values = iter(values)
+  split = []
+  for record in program.effects:
+    mask = None if record.mask is None else next(values)
+    split.append((mask, [next(values) for _ in record.tensors]))
+  return split
 
 
 def _describe(options, mesh_key, specs, graph):

@@ -14,6 +14,7 @@ import tensorflow as tf
 from tfspmd._src import axis_env
 from tfspmd._src import dtensor_rewrites
 from tfspmd._src import out_axes as out_axes_lib
+from tfspmd._src import side_effects
 from tfspmd._src import stacking
 from tfspmd._src import tree
 from tfspmd._src import vectorize
@@ -73,6 +74,8 @@ def map_steps(fun, steps, *, frame_template, inputs, in_axes, paths,
         step_fn, frame_template=frame_template, inputs=list(carry) + xs[carry_count:],
         in_axes=inner_axes, rebuild_args=rebuild_args,
         out_axes=(carry_specs, 0), on_slice=slice_tracker)
+    if result.effects:
+      raise side_effects.steps_error(steps)
     return result.values[:carry_count], result.values[carry_count:], result
 
   # The first step runs before the loop: its outputs give the shapes of the
@@ -186,4 +189,4 @@ def _apply_out_axes(out_axes, values, carry_axes, first, size):
       placed.append(stacking.repeat_along_new_axis(value, axis, size))
   return vectorize.MappedResult(values=placed, out_axes=resolved,
                                 treedef=treedef, per_device=[None] * len(placed),
-                                paths=paths)
+                                paths=paths, effects=[])

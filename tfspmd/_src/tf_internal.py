@@ -431,7 +431,17 @@ class Conversion:
     return [ConvertedValue(w.t, w.is_stacked) for w in converter(op_inputs)]
 
 
-def convert_graph_inline(op_inputs, graph, inputs, prepare):
+def convert_in_loop(op_inputs, tensor):
+  """The `ConvertedValue` of `tensor`, of the loop `op_inputs`'s op is in.
+
+  For a converter that reads more than its op's inputs (a print reads
+  those of the StringFormat before it).
+  """
+  found = op_inputs._pfor_input.pfor._convert_helper(tensor)  # pylint: disable=protected-access
+  return ConvertedValue(found.t, found.is_stacked)
+
+
+def convert_graph_inline(op_inputs, graph, inputs, prepare, operations=()):
   """Vectorizes the ops of a function graph into the graph being built.
 
   pfor's own converters of function-calling ops (While, If, a call) wrap
@@ -445,6 +455,8 @@ def convert_graph_inline(op_inputs, graph, inputs, prepare):
     inputs: One `ConvertedValue` per `graph.inputs`.
     prepare: `prepare(conversion, operations)`, run before the outputs are
       converted, may define the conversion of some of `graph`'s tensors.
+    operations: Ops of `graph` no output needs, to convert as well (its
+      side effects).
 
   Returns:
     One `ConvertedValue` per output of `graph`.
@@ -460,7 +472,11 @@ def convert_graph_inline(op_inputs, graph, inputs, prepare):
   for placeholder, value in zip(graph.inputs, inputs):
     conversion.define(placeholder, value)
   prepare(conversion, graph.get_operations())
-  return [conversion.convert(tensor) for tensor in graph.outputs]
+  outputs = [conversion.convert(tensor) for tensor in graph.outputs]
+  for operation in operations:
+    for target in operation.outputs or [operation]:
+      conversion._converter._convert_helper(target)  # pylint: disable=protected-access
+  return outputs
 
 
 def stacked(value, size):
@@ -491,8 +507,10 @@ def recreate_op(operation, inputs):
 def recreate_op_eagerly(operation, inputs):
   """`operation` (type and attributes) run eagerly on `inputs`; its outputs."""
   attrs = []
-  for name, value in operation.node_def.attr.items():
-    attrs.extend([name, operation.get_attr(name)])
+  for name in operation.node_def.attr:
+    # Attributes with a leading underscore are tracing's, not the op's.
+    if not name.startswith("_"):
+      attrs.extend([name, operation.get_attr(name)])
   return _execute.execute(
       operation.type.encode(), len(operation.outputs),
       inputs=[tf.constant(v) for v in inputs], attrs=tuple(attrs),

@@ -13,6 +13,7 @@ import tensorflow as tf
 from tfspmd._src import axis_env
 from tfspmd._src import control_flow
 from tfspmd._src import out_axes as out_axes_lib
+from tfspmd._src import side_effects
 from tfspmd._src import stacking
 from tfspmd._src import tf_internal
 from tfspmd._src import tree
@@ -33,12 +34,16 @@ class MappedResult:
     per_device: The per-device output tensors `fun` returned (before
       stacking), to look up what nested pmaps recorded about them.
     paths: The pytree path of each output leaf, for messages.
+    effects: The `side_effects.Record`s of the prints and checks the caller
+      must make happen (none inside an enclosing vectorized level, which
+      takes them over).
   """
   values: list
   out_axes: list
   treedef: object
   per_device: list
   paths: list
+  effects: list
 
 
 def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
@@ -100,12 +105,20 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
                                    [o.shape.rank for o in outputs])
       traced.update(treedef=treedef, specs=specs, outputs=outputs,
                     paths=tree.leaf_paths(result, "output"))
-      return [_mark_invariant(value, k, frame, invariant, varying)
-              for k, value in enumerate(outputs)]
+      marked = [_mark_invariant(value, k, frame, invariant, varying)
+                for k, value in enumerate(outputs)]
+      effects = control_flow.effect_operations(new_ops, axis_name)
+      if effects:
+        marked.append(side_effects.anchor(effects, index))
+      traced["anchored"] = bool(effects)
+      return marked
 
   try:
-    stacked = tf_internal.vectorize_loop(loop_fn, size,
-                                           control_flow.prepare)
+    with side_effects.recording() as effects:
+      stacked = tf_internal.vectorize_loop(loop_fn, size,
+                                             control_flow.prepare)
+    if traced["anchored"]:
+      stacked = stacked[:-1]
   except ValueError as e:
     found = tf_internal.unvectorizable_op(e)
     if found is None:
@@ -135,7 +148,9 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       values.append(stacking.move_front_axis_to(stacked[k], spec))
   return MappedResult(values=values, out_axes=traced["specs"],
                       treedef=traced["treedef"], per_device=traced["outputs"],
-                      paths=traced["paths"])
+                      paths=traced["paths"],
+                      effects=side_effects.hand_outward(
+                          sorted(effects, key=lambda record: record.key)))
 
 
 def _unvectorizable_error(op_type, input_name, axis_name):

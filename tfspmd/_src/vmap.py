@@ -20,6 +20,7 @@ from tfspmd._src import arguments
 from tfspmd._src import axis_env
 from tfspmd._src import lru
 from tfspmd._src import mapped_args
+from tfspmd._src import side_effects
 from tfspmd._src import tree
 from tfspmd._src import vectorize
 from tfspmd._src.config import config
@@ -96,6 +97,7 @@ class VmappedFunction:
         rebuild_args=call.rebuilder(),
         out_axes=self._out_axes,
         on_slice=None if state is None else state.slice_tracker(values, axes))
+    side_effects.replay_in_graph(result.effects)
     return result.treedef.unflatten(result.values)
 
 
