@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import threading
 
+import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src import mesh as mesh_lib
@@ -40,6 +41,19 @@ class Frame:
   run_collective: object = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Origin:
+  """Where a per-device tensor of a trace comes from: an input leaf.
+
+  Attributes:
+    leaf: The input leaf's position among the program's inputs.
+    axes: For each axis of the tensor, the leaf's axis it is (the leaf's
+      mapped axes are gone from the tensor).
+  """
+  leaf: int
+  axes: tuple
+
+
 @dataclasses.dataclass
 class TraceState:
   """What a top-level pmap learns while tracing its program.
@@ -48,12 +62,7 @@ class TraceState:
     mesh_axes: `(axis_name, size, mesh_dim)` of every pmap level, outermost
       first; nested pmaps append theirs.
     max_devices: How many devices the nested product may use.
-    origins: id(tensor) -> (tensor, leaf, axes): a per-device tensor that is
-      an input leaf with some axes mapped away; `axes` lists the original
-      axis of each remaining axis.
     input_splits: leaf -> {original axis: mesh_dim} found by nested pmaps.
-    output_splits: id(tensor) -> (tensor, {axis: mesh_dim}) for results of
-      nested pmaps.
     devices: The devices the program's mesh is made of.
     lays_out: Whether the program places its values on the mesh (DTensor
       relayouts). A program traced into a user's `tf.function` does not: the
@@ -62,11 +71,27 @@ class TraceState:
   """
   mesh_axes: list
   max_devices: int
-  origins: dict = dataclasses.field(default_factory=dict)
   input_splits: dict = dataclasses.field(default_factory=dict)
-  output_splits: dict = dataclasses.field(default_factory=dict)
   devices: tuple = ()
   lays_out: bool = True
+  # A per-device tensor's `Origin`, and a nested pmap result's splits
+  # `{axis: mesh_dim}`, by the tensor's `ref()`.
+  _origins: dict = dataclasses.field(default_factory=dict)
+  _output_splits: dict = dataclasses.field(default_factory=dict)
+
+  def record_origin(self, tensor, leaf, axes):
+    """Notes that `tensor` is input `leaf` with only its axes `axes` left."""
+    self._origins[tensor.ref()] = Origin(leaf, tuple(axes))
+
+  def origin_of(self, tensor):
+    """The `Origin` of `tensor`, or None if it is no input leaf's part."""
+    if not isinstance(tensor, tf.Tensor):
+      return None
+    return self._origins.get(tensor.ref())
+
+  def record_output_splits(self, tensor, splits):
+    """Notes that the nested pmap result `tensor` is split as `splits`."""
+    self._output_splits[tensor.ref()] = splits
 
   def mesh_key(self):
     """`(dims, sizes, devices)` of the mesh of the axes registered so far."""
@@ -90,10 +115,10 @@ class TraceState:
       mesh_dim: The mesh dimension of that axis.
     """
     splits = {axis: mesh_dim}
-    found = self.output_splits.get(id(per_device))
-    if found is not None and found[0] is per_device:
-      for inner_axis, dim in found[1].items():
-        splits[inner_axis + (inner_axis >= axis)] = dim
+    found = (self._output_splits.get(per_device.ref())
+             if isinstance(per_device, tf.Tensor) else None)
+    for inner_axis, dim in (found or {}).items():
+      splits[inner_axis + (inner_axis >= axis)] = dim
     return splits
 
   def slice_tracker(self, values, axes):
@@ -105,11 +130,10 @@ class TraceState:
     """
 
     def on_slice(leaf, piece, _):
-      origin = self.origins.get(id(values[leaf]))
-      if origin is not None and origin[0] is values[leaf]:
-        _, source_leaf, source_axes = origin
-        self.origins[id(piece)] = (piece, source_leaf, [
-            a for k, a in enumerate(source_axes) if k != axes[leaf]])
+      origin = self.origin_of(values[leaf])
+      if origin is not None:
+        self.record_origin(piece, origin.leaf, [
+            a for k, a in enumerate(origin.axes) if k != axes[leaf]])
 
     return on_slice
 

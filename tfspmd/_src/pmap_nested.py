@@ -43,11 +43,10 @@ def call(options, args, kwargs):
                                    options.mesh_dim)
 
   for value, axis in zip(values, axes):
-    origin = state.origins.get(id(value))
-    if axis is not None and origin is not None and origin[0] is value:
-      _, source_leaf, source_axes = origin
-      splits = state.input_splits.setdefault(source_leaf, {})
-      splits.setdefault(source_axes[axis], mesh_dim)
+    origin = state.origin_of(value)
+    if axis is not None and origin is not None:
+      splits = state.input_splits.setdefault(origin.leaf, {})
+      splits.setdefault(origin.axes[axis], mesh_dim)
 
   result = vectorize.map_over_axis(
       options.fun, frame_template=(options.axis_name, size, mesh_dim),
@@ -57,7 +56,7 @@ def call(options, args, kwargs):
   for value, axis, per_device in zip(result.values, result.out_axes,
                                      result.per_device):
     if axis is not None:
-      state.output_splits[id(value)] = (
+      state.record_output_splits(
           value, state.result_splits(per_device, axis, mesh_dim))
   return result.treedef.unflatten(result.values)
 

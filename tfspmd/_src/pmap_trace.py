@@ -147,7 +147,7 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
   built = {}
 
   def on_slice(leaf, piece, _):
-    state.origins[id(piece)] = (piece, leaf, [
+    state.record_origin(piece, leaf, [
         a for a in range(len(shapes[leaf])) if a != axes[leaf]])
 
   @_do_not_convert
@@ -155,7 +155,7 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
     with axis_env.tracing(state):
       for leaf, (value, axis) in enumerate(zip(inputs, axes)):
         if axis is None:
-          state.origins[id(value)] = (value, leaf, list(range(len(shapes[leaf]))))
+          state.record_origin(value, leaf, range(len(shapes[leaf])))
       frame_template = (options.axis_name, size, top_dim)
       if options.steps is None:
         result = vectorize.map_over_axis(

@@ -121,7 +121,7 @@ def _step_slice_tracker(on_slice, inputs, in_axes, carry_count):
       on_slice(leaf, piece, index)
       return
     kept = [a for a in range(inputs[leaf].shape.rank) if a != in_axes[leaf]]
-    state.origins[id(piece)] = (piece, leaf, kept[1:])
+    state.record_origin(piece, leaf, kept[1:])
 
   return track
 
