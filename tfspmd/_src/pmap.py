@@ -42,15 +42,21 @@ from tfspmd._src.debug import mode as debug_mode
 class PmappedFunction:
   """The callable `pmap` returns; call it like the function it maps."""
 
-  def __init__(self, fun, axis_name, in_axes, out_axes,
-               static_broadcasted_argnums, devices, backend, axis_size,
-               donate_argnums, steps, debug=False, level=None):
-    self._options = pmap_options.checked_options(
-        fun, axis_name, in_axes, out_axes, static_broadcasted_argnums,
-        devices, backend, axis_size, donate_argnums, steps, debug, level)
+  def __init__(self, options: pmap_options.PmapOptions):
+    self._options = options
     self._programs = lru.LRUCache(lru.TRACE_CACHE_SIZE)
     self._vjps = lru.LRUCache(lru.TRACE_CACHE_SIZE)
-    functools.update_wrapper(self, fun, updated=())
+    functools.update_wrapper(self, options.fun, updated=())
+
+  @property
+  def options(self) -> pmap_options.PmapOptions:
+    """The pmap's checked arguments."""
+    return self._options
+
+  @property
+  def programs(self) -> lru.LRUCache:
+    """The compiled programs of this pmap, by call signature."""
+    return self._programs
 
   def __repr__(self):
     return (f"<pmap of {self._options.fun!r} over axis "
@@ -68,12 +74,13 @@ class PmappedFunction:
     options = self._options
     if options.donate_argnums:
       pmap_donation.check_positions(options.donate_argnums, len(args))
+    # Each way a call can go takes the same (pmapped, args, kwargs).
     if options.debug or debug_mode.active():
       return debug_call.call(self, args, kwargs)
     if axis_env.trace_state() is not None:
-      return pmap_nested.call(options, args, kwargs)
+      return pmap_nested.call(self, args, kwargs)
     if tf.inside_function():
-      return pmap_in_graph.call(options, self._programs, args, kwargs)
+      return pmap_in_graph.call(self, args, kwargs)
     return self._call_top_level(args, kwargs)
 
   def _call_top_level(self, args, kwargs):
@@ -119,10 +126,11 @@ class PmappedFunction:
       def make_pmap(fun, in_axes, out_axes):
         # The forward's axis size: the VJP has no mapped argument when the
         # forward had none (a shard_map axis no spec names).
-        return PmappedFunction(fun, options.axis_name, in_axes, out_axes, (),
-                               options.devices, options.backend,
-                               options.args.axis_size, (), None,
-                               level=options.level)
+        return PmappedFunction(pmap_options.checked_options(
+            fun, axis_name=options.axis_name, in_axes=in_axes,
+            out_axes=out_axes, devices=options.devices,
+            backend=options.backend, axis_size=options.args.axis_size,
+            level=options.level))
       vjp = pmap_gradient.VjpProgram(
           make_pmap, options.fun, call.rebuilder(), call.in_axes,
           program.output_axes, program.trainable_variables,
@@ -267,6 +275,8 @@ def pmap(
         static_broadcasted_argnums=static_broadcasted_argnums,
         devices=devices, backend=backend, axis_size=axis_size,
         donate_argnums=donate_argnums, steps=steps, debug=debug)
-  return PmappedFunction(fun, axis_name, in_axes, out_axes,
-                         static_broadcasted_argnums, devices, backend,
-                         axis_size, donate_argnums, steps, debug)
+  return PmappedFunction(pmap_options.checked_options(
+      fun, axis_name=axis_name, in_axes=in_axes, out_axes=out_axes,
+      static_broadcasted_argnums=static_broadcasted_argnums, devices=devices,
+      backend=backend, axis_size=axis_size, donate_argnums=donate_argnums,
+      steps=steps, debug=debug))

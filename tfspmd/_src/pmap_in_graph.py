@@ -22,8 +22,9 @@ from tfspmd._src import side_effects
 from tfspmd._src.sharded_array import ShardedArray
 
 
-def call(options, programs, args, kwargs):
-  """The outputs of the pmap with `options` on `args`, in the user's graph."""
+def call(pmapped, args, kwargs):
+  """The outputs of the `PmappedFunction` on `args`, in the user's graph."""
+  options, programs = pmapped.options, pmapped.programs
   bound = options.args.bind(args, kwargs)
   values = []
   for leaf, path in zip(bound.leaves, bound.paths):

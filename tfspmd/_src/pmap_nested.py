@@ -28,8 +28,9 @@ def check_nested(options):
   axis_env.check_not_bound(options.axis_name, "pmap")
 
 
-def call(options, args, kwargs):
-  """The per-device results of the nested pmap with `options` on `args`."""
+def call(pmapped, args, kwargs):
+  """The per-device results of the nested `PmappedFunction` on `args`."""
+  options = pmapped.options
   state = axis_env.trace_state()
   check_nested(options)
   bound = options.args.bind(args, kwargs)
@@ -52,7 +53,7 @@ def call(options, args, kwargs):
       options.fun, frame_template=(options.axis_name, size, mesh_dim),
       inputs=values, in_axes=axes, rebuild_args=bound.rebuilder(),
       out_axes=options.out_axes, on_slice=state.slice_tracker(values, axes),
-      check_invariant=options.check_invariant)
+      varying_output_error=options.varying_output_error)
   for value, axis, per_device in zip(result.values, result.out_axes,
                                      result.per_device):
     if axis is not None:

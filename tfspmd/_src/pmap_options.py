@@ -16,6 +16,7 @@ from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
 from tfspmd._src import mapped_args
 from tfspmd._src import steps as steps_lib
+from tfspmd._src import vectorize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +52,22 @@ class PmapOptions:
     """The mesh dimension a shard_map gives this axis, or None (by depth)."""
     return None if self.level is None else self.level.mesh_dim
 
-  @property
-  def check_invariant(self):
-    """Whether an out_axes=None output that varies along the axis raises."""
-    return self.level is None or self.level.check_invariant
+  def varying_output_error(self, path, axis_name):
+    """The error for an out_axes=None output `path` that varies.
+
+    None where the output takes the first device's value instead (a
+    shard_map with `check_vma=False`).
+    """
+    if self.level is None:
+      return vectorize.varying_output_error(path, axis_name)
+    if not self.level.check_invariant:
+      return None
+    return ValueError(
+        f"shard_map: {path} varies along the mesh axis {axis_name!r}, which "
+        f"its out spec does not name, so the devices along it would return "
+        f"different values for one block. Name {axis_name!r} in the out "
+        f"spec, or make the output the same along it (psum or pmean over "
+        f"{axis_name!r}, for example).")
 
   def process_share(self):
     """`(local, total)`: this process maps over `local / total` of the axis.
@@ -117,10 +130,14 @@ class ShardMapLevel:
   check_invariant: bool
 
 
-def checked_options(fun, axis_name, in_axes, out_axes,
-                    static_broadcasted_argnums, devices, backend, axis_size,
-                    donate_argnums, steps, debug, level):
-  """`PmapOptions` from `pmap`'s arguments, or the error naming the bad one."""
+def checked_options(fun, *, axis_name, in_axes=0, out_axes=0,
+                    static_broadcasted_argnums=(), devices=None, backend=None,
+                    axis_size=None, donate_argnums=(), steps=None, debug=False,
+                    level=None):
+  """`PmapOptions` from `pmap`'s arguments, or the error naming the bad one.
+
+  `level` is given by shard_map only, for the pmap of one of its mesh axes.
+  """
   if not callable(fun):
     raise TypeError(f"pmap: `fun` must be callable, got {fun!r}.")
   if not isinstance(debug, bool):

@@ -161,7 +161,7 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
         result = vectorize.map_over_axis(
             options.fun, frame_template=frame_template, inputs=list(inputs),
             in_axes=axes, rebuild_args=rebuild, out_axes=options.out_axes,
-            on_slice=on_slice, check_invariant=options.check_invariant)
+            on_slice=on_slice, varying_output_error=options.varying_output_error)
       else:
         result = steps_lib.map_steps(
             options.fun, options.steps, frame_template=frame_template,

@@ -228,13 +228,13 @@ class ShardMappedFunction:
 
     in_axes = _map_specs(self._in_specs, position, "in_specs")
     out_axes = _map_specs(self._out_specs, position, "out_specs")
-    return pmap_lib.PmappedFunction(
-        self._nest(level + 1), names[level], in_axes, out_axes, (),
-        None, None, self._mesh.shape[names[level]], (), None,
+    return pmap_lib.PmappedFunction(pmap_options.checked_options(
+        self._nest(level + 1), axis_name=names[level], in_axes=in_axes,
+        out_axes=out_axes, axis_size=self._mesh.shape[names[level]],
         level=pmap_options.ShardMapLevel(
             mesh_dim=self._mesh.dim_names[level],
             devices=tuple(self._mesh.devices.flat) if level == 0 else None,
-            check_invariant=self._check_vma))
+            check_invariant=self._check_vma)))
 
   def _per_device(self, *blocks):
     result = self._fun(*blocks)
@@ -279,18 +279,7 @@ class ShardMappedFunction:
     """The global results of one call: (leaves, treedef, out specs)."""
     expanded = [_expand_input(leaf, spec, self._mesh, path)
                 for leaf, spec, path in zip(leaves, specs, paths)]
-    try:
-      result = self._mapped(*treedef.unflatten(expanded))
-    except ValueError as e:
-      if not hasattr(e, "varying_output"):
-        raise
-      path, axis_name = e.varying_output
-      raise ValueError(
-          f"shard_map: {path} varies along the mesh axis {axis_name!r}, "
-          f"which its out spec does not name, so the devices along it would "
-          f"return different values for one block. Name {axis_name!r} in "
-          f"the out spec, or make the output the same along it (psum or "
-          f"pmean over {axis_name!r}, for example).") from None
+    result = self._mapped(*treedef.unflatten(expanded))
     out_leaves, out_treedef = tree.flatten(result)
     out_specs = [_as_spec(spec) for spec in tree.broadcast_prefix(
         self._out_specs, result, spec_name="out_specs", root="output",

@@ -22,6 +22,16 @@ from tfspmd._src import variable_writes
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
 
+def varying_output_error(path, axis_name):
+  """pmap's error for an out_axes=None output `path` that varies."""
+  return ValueError(
+      f"out_axes=None for {path}, but that output varies across the devices "
+      f"of axis {axis_name!r}: out_axes=None returns one value, so the output "
+      f"must be the same on every device (for example the result of "
+      f"psum/pmean over that axis). Give it an integer out_axes to keep every "
+      f"device's value.")
+
+
 @dataclasses.dataclass
 class MappedResult:
   """The outputs of `map_over_axis`.
@@ -47,7 +57,8 @@ class MappedResult:
 
 
 def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
-                  out_axes, on_slice=None, check_invariant=True):
+                  out_axes, on_slice=None,
+                  varying_output_error=varying_output_error):
   """Traces `fun` once per position of one axis, vectorized by pfor.
 
   Args:
@@ -59,9 +70,9 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
     out_axes: The out_axes spec (a tree prefix of the output).
     on_slice: Optional `on_slice(leaf, per_device_tensor, index)` called for
       each mapped input's per-device slice (nested pmaps track origins).
-    check_invariant: Whether an output with out_axes None that varies along
-      the axis raises; if not, it takes the value of position 0 (shard_map's
-      `check_vma=False`).
+    varying_output_error: `(path, axis_name)` -> the error to raise for an
+      output with out_axes None that varies along the axis, or None to take
+      the value of position 0 instead (shard_map's `check_vma=False`).
 
   Returns:
     A `MappedResult`.
@@ -125,17 +136,10 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       raise
     raise _unvectorizable_error(*found, axis_name) from None
   unmappable = [k for k in varying if traced["specs"][k] is None]
-  if unmappable and check_invariant:
-    k = unmappable[0]
-    error = ValueError(
-        f"out_axes=None for {traced['paths'][k]}, but that output varies "
-        f"across the devices of axis {axis_name!r}: out_axes=None returns one "
-        f"value, so the output must be the same on every device (for example "
-        f"the result of psum/pmean over that axis). Give it an integer "
-        f"out_axes to keep every device's value.")
-    # shard_map words this error its own way.
-    error.varying_output = (traced["paths"][k], axis_name)
-    raise error
+  for k in unmappable:
+    error = varying_output_error(traced["paths"][k], axis_name)
+    if error is not None:
+      raise error
   values = []
   for k, spec in enumerate(traced["specs"]):
     if spec is None and k in invariant:

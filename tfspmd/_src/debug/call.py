@@ -62,15 +62,15 @@ def call(pmapped, args, kwargs):
         "process's program in a single-process run instead.")
   parent = axis_env.frames()
   if parent:
-    pmap_nested.check_nested(pmapped._options)
-  elif pmapped._options.steps is not None:
+    pmap_nested.check_nested(pmapped.options)
+  elif pmapped.options.steps is not None:
     raise ValueError(
-        f"pmap(debug=True) does not run steps={pmapped._options.steps}: debug "
+        f"pmap(debug=True) does not run steps={pmapped.options.steps}: debug "
         f"the step function with steps=None, one step per call.")
   bound = _bind(pmapped, args, kwargs, parent)
   session = parent[-1].session if parent else session_lib.Session()
   chains = [parent + (session_lib.DebugFrame(
-      pmapped._options.axis_name, bound.size, k, session=session,
+      pmapped.options.axis_name, bound.size, k, session=session,
       run_collective=exchange.over_axes),)
             for k in range(bound.size)]
   run = functools.partial(_run, pmapped, chains, bound.axes, bound.rebuild)
@@ -80,13 +80,13 @@ def call(pmapped, args, kwargs):
     return gradient.recorded_call(pmapped, run, bound)
   outputs, _, _ = run(bound.values)
   if not parent:
-    pmap_donation.delete_donated(pmapped._options.donate_argnums, args, ())
+    pmap_donation.delete_donated(pmapped.options.donate_argnums, args, ())
   return outputs
 
 
 def _bind(pmapped, args, kwargs, parent):
   """Checks the call as the compiled path does; returns a `_Bound`."""
-  binding = pmapped._options.args
+  binding = pmapped.options.args
   call = binding.bind(args, kwargs)
   paths = call.paths
   values = [tf.convert_to_tensor(arguments.to_array_leaf(leaf, path))
@@ -94,7 +94,7 @@ def _bind(pmapped, args, kwargs, parent):
   axes, size = binding.axes_and_size(
       call.in_axes, [tuple(v.shape) for v in values], paths)
   # The devices the compiled program would need, checked the same way.
-  pmapped._options.mesh_devices(
+  pmapped.options.mesh_devices(
       math.prod(frame.size for frame in parent) * size)
   return _Bound(size, values, call.in_axes, axes, call.rebuilder())
 
@@ -115,12 +115,12 @@ def _run(pmapped, chains, axes, rebuild, values, watch_variables=False):
          variable_writes.refused(chain[-1].name):
       args_k, kwargs_k = rebuild([value if split is None else split[k]
                                   for value, split in zip(values, pieces)])
-      result = pmapped._options.fun(*args_k, **kwargs_k)
+      result = pmapped.options.fun(*args_k, **kwargs_k)
     out_leaves, out_treedef = tree.flatten(result)
     out_paths = tree.leaf_paths(result, "output")
     outputs = [vectorize.output_tensor(leaf, path)
                for leaf, path in zip(out_leaves, out_paths)]
-    specs = out_axes_lib.resolve(pmapped._options.out_axes, result,
+    specs = out_axes_lib.resolve(pmapped.options.out_axes, result,
                                  [o.shape.rank for o in outputs])
     return _DeviceResult(out_treedef, specs, outputs, out_paths, read)
 
@@ -129,8 +129,8 @@ def _run(pmapped, chains, axes, rebuild, values, watch_variables=False):
   variables = {}
   for result in results:
     variables.update((id(v), v) for v in result.variables)
-  return (_assemble(results, chains, pmapped._options.axis_name,
-                    pmapped._options.check_invariant),
+  return (_assemble(results, chains, pmapped.options.axis_name,
+                    pmapped.options.varying_output_error),
           results[0].specs,
           list(variables.values()))
 
@@ -156,12 +156,12 @@ def _bound(chain):
     yield
 
 
-def _assemble(results, chains, axis_name, check_invariant):
+def _assemble(results, chains, axis_name, varying_output_error):
   """Stacks the devices' outputs along their out axes, as the compiled path.
 
-  An output with out_axes None must be the same on every device; without
-  `check_invariant` (shard_map's `check_vma=False`) it is the first
-  device's.
+  An output with out_axes None must be the same on every device, or
+  `varying_output_error(path, axis_name)` is raised; where that gives None
+  (shard_map's `check_vma=False`) it is the first device's.
   """
   devices = [session_lib.describe(chain) for chain in chains]
   first = results[0]
@@ -180,13 +180,9 @@ def _assemble(results, chains, axis_name, check_invariant):
       values.append(tf.stack(per_device, axis=spec))
       continue
     # Bitwise, so that NaNs compare equal.
-    if check_invariant and len(
-        {value.numpy().tobytes() for value in per_device}) > 1:
-      raise ValueError(
-          f"out_axes=None for {path}, but that output varies across the "
-          f"devices of axis {axis_name!r}: out_axes=None returns one value, "
-          f"so the output must be the same on every device (for example the "
-          f"result of psum/pmean over that axis). Give it an integer "
-          f"out_axes to keep every device's value.")
+    if len({value.numpy().tobytes() for value in per_device}) > 1:
+      error = varying_output_error(path, axis_name)
+      if error is not None:
+        raise error
     values.append(per_device[0])
   return first.treedef.unflatten(values)

@@ -9,6 +9,7 @@ the variables a function used.
 """
 
 from tfspmd._src import pmap_gradient
+from tfspmd._src import pmap_options
 from tfspmd._src import tree
 
 # pylint: disable=protected-access
@@ -49,12 +50,12 @@ def recorded_call(pmapped, run, bound):
       variable.read_value()
     vjp.program = pmap_gradient.VjpProgram(
         lambda fun, in_axes, out_axes: type(pmapped)(
-            fun, axis_name=pmapped._options.axis_name, in_axes=in_axes,
-            out_axes=out_axes, static_broadcasted_argnums=(),
-            devices=pmapped._options.devices, backend=pmapped._options.backend,
-            axis_size=None, donate_argnums=(), steps=None, debug=True),
-        pmapped._options.fun, bound.rebuild, bound.in_axes, out_axes, variables,
-        pmapped._options.axis_name)
+            pmap_options.checked_options(
+                fun, axis_name=pmapped.options.axis_name, in_axes=in_axes,
+                out_axes=out_axes, devices=pmapped.options.devices,
+                backend=pmapped.options.backend, debug=True)),
+        pmapped.options.fun, bound.rebuild, bound.in_axes, out_axes, variables,
+        pmapped.options.axis_name)
     leaves, found["treedef"] = tree.flatten(outputs)
     return leaves
 
