@@ -302,8 +302,8 @@ def test_a_leaf_that_is_no_array_is_an_error(tmp_path):
 
 def test_restoring_what_is_not_there_is_an_error(tmp_path):
   with pytest.raises(FileNotFoundError, match=(
-      r"there is no checkpoint at '.*nowhere'\. Pass the prefix "
-      r"checkpoint\.save returned")):
+      r"there is no checkpoint at '.*nowhere'\. Pass the path given to "
+      r"checkpoint\.save, or the prefix it returned\.")):
     checkpoint.restore(str(tmp_path / "nowhere"), like=BIAS)
 
   raw = tf.train.Checkpoint(state=[tf.Variable(BIAS)]).write(
