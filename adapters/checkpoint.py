@@ -197,8 +197,8 @@ def restore(path: str, like: Any, **trackables: Any) -> Any:
   reader = _reader(path, prefix)
   try:
     records = _saved_records(reader)
-  except tf.errors.OpError:
-    raise ValueError(_unreadable(path, prefix)) from None
+  except (IndexError, tf.errors.OpError) as error:
+    raise ValueError(_unreadable(path, prefix, error)) from None
   saved = {record["path"]: record for record in records}
   wanted = _named_leaves(like, "restore", "like")
   _check_same_leaves(saved, [name for name, _ in wanted])
@@ -214,9 +214,9 @@ def restore(path: str, like: Any, **trackables: Any) -> Any:
     status.assert_existing_objects_matched()
   except (AssertionError, ValueError, tf.errors.InvalidArgumentError):
     raise ValueError(_trackables_mismatch(reader, trackables)) from None
-  except (IndexError, tf.errors.OpError):
+  except (IndexError, tf.errors.OpError) as error:
     # Damage `_reader` cannot see: changed bytes, or a cut into strings.
-    raise ValueError(_unreadable(path, prefix)) from None
+    raise ValueError(_unreadable(path, prefix, error)) from None
   # Trackables saved beside the state but not asked for stay unread.
   status.expect_partial()
   values = [_restored_leaf(targets[name], saved[name], leaf)
@@ -326,7 +326,7 @@ def _switch(path, prefix):
   after it the new one, each naming a complete checkpoint.
   """
   directory, name = _split(prefix)
-  for entry in tf.io.gfile.listdir(directory):
+  for entry in sorted(tf.io.gfile.listdir(directory)):
     if entry.startswith(name + "."):
       _flush(os.path.join(directory, entry))
   staged = prefix + ".next"
@@ -449,24 +449,15 @@ def _replaced(path, prefix):
 
 
 def _check_data_files(path, prefix, reader):
-  """Raises unless the data files of `prefix` are there, as long as its index says.
+  """Raises unless the data files of `prefix` are there and long enough.
 
   The index does not tell how long its data files are, but they hold at
   least the bytes of its numeric tensors.
   """
-  directory, name = _split(prefix)
-  shards = {}
-  for entry in tf.io.gfile.listdir(directory):
-    match = _DATA_FILE.fullmatch(entry[len(name):])
-    if entry.startswith(name) and match:
-      shards[int(match[1])] = int(match[2])
-  count = max(shards.values(), default=1)
-  files = [f"{prefix}.data-{shard:05d}-of-{count:05d}" for shard in range(count)]
-  missing = [file for shard, file in enumerate(files)
-             if shards.get(shard) != count]
+  files, missing = _data_files(prefix)
   if missing:
     raise ValueError(
-        f"checkpoint.restore: {_data_files(missing)} "
+        f"checkpoint.restore: {_the_data_files(missing)} "
         f"{'is' if len(missing) == 1 else 'are'} missing: the checkpoint at "
         f"{path!r} is damaged; restore an earlier one.")
   size = sum(tf.io.gfile.stat(file).length for file in files)
@@ -475,26 +466,57 @@ def _check_data_files(path, prefix, reader):
                for key, shape in reader.get_variable_to_shape_map().items()
                if dtypes[key] != tf.string)
   if size < needed:
-    one = len(files) == 1
+    holds = "it holds" if len(files) == 1 else "they hold"
     raise ValueError(
-        f"checkpoint.restore: {_data_files(files)} {'is' if one else 'are'} "
-        f"{size} bytes, shorter than the {needed} its index says "
-        f"{'it holds' if one else 'they hold'}: the checkpoint at {path!r} is "
+        f"checkpoint.restore: {_the_data_files(files)} "
+        f"{'is' if len(files) == 1 else 'are'} {size} bytes, shorter than the "
+        f"{needed} the index says {holds}: the checkpoint at {path!r} is "
         f"damaged; restore an earlier one.")
 
 
-def _data_files(files):
+def _data_files(prefix):
+  """The data files of `prefix`, and those of them that are missing.
+
+  How many there are is in each file's name (`.data-00000-of-00001`).
+  """
+  directory, name = _split(prefix)
+  shards = {}
+  for entry in tf.io.gfile.listdir(directory):
+    match = _DATA_FILE.fullmatch(entry[len(name):])
+    if entry.startswith(name) and match:
+      shards[int(match[1])] = int(match[2])
+  count = max(shards.values(), default=1)
+  files = [f"{prefix}.data-{shard:05d}-of-{count:05d}"
+           for shard in range(count)]
+  missing = [file for shard, file in enumerate(files)
+             if shards.get(shard) != count]
+  return files, missing
+
+
+def _the_data_files(files):
   """'the data file 'a'' or 'the data files 'a', 'b'', for a message."""
   names = ", ".join(repr(file) for file in files)
   return f"the data file{'s' if len(files) > 1 else ''} {names}"
 
 
-def _unreadable(path, prefix):
-  """The message for data files that do not hold what their index says."""
-  return (f"checkpoint.restore: the data files {prefix + '.data-*'!r} do not "
-          f"hold what the index {prefix + '.index'!r} says (bytes changed or "
-          f"cut off after the save): the checkpoint at {path!r} is damaged; "
-          f"restore an earlier one.")
+def _unreadable(path, prefix, error):
+  """The message for data files that TensorFlow could not read as indexed.
+
+  Args:
+    path: The path given to `restore`.
+    prefix: The prefix of the checkpoint files read.
+    error: What TensorFlow raised: an IndexError for a file shorter than
+      its index says, an OpError for bytes that fail their checksums.
+  """
+  files = _data_files(prefix)[0]
+  one = len(files) == 1
+  index = f"the index {prefix + '.index'!r}"
+  if isinstance(error, IndexError):
+    what = f"{'is' if one else 'are'} shorter than {index} says"
+  else:
+    what = f"{'does' if one else 'do'} not match the checksums of {index}"
+  return (f"checkpoint.restore: {_the_data_files(files)} {what}: the "
+          f"checkpoint at {path!r} is damaged; restore an earlier one.")
 
 
 def _saved_records(reader):
