@@ -31,7 +31,7 @@ A crash never loses a checkpoint. A TensorFlow checkpoint is several files
 save to `path` does not write them at `path`. It writes them under a fresh
 prefix beside it, `<path>.tfspmd-<32 hex digits>`, and then switches
 `<path>` to them through one small file, `<path>.tfspmd`, which names the
-current prefix:
+current prefix (`{"checkpoint": "<name of the prefix>"}`):
   1. `tf.train.Checkpoint.write` writes the new prefix's files (the
      directory of `path`, so the same filesystem);
   2. each of them, then the directory, is flushed to disk (fsync);
