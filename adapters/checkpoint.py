@@ -25,13 +25,48 @@ restore it into a NumPy `like` of shape (8, ...) to get the saved rows.
 
 Other trackables (a step counter, a `tf.data` iterator) can be saved beside
 the state in the same checkpoint.
+
+A crash never loses a checkpoint. A TensorFlow checkpoint is several files
+(an index and one data file or more) that cannot be replaced together, so a
+save to `path` does not write them at `path`. It writes them under a fresh
+prefix beside it, `<path>.tfspmd-<32 hex digits>`, and then switches
+`<path>` to them through one small file, `<path>.tfspmd`, which names the
+current prefix (`{"checkpoint": "<name of the prefix>"}`):
+  1. `tf.train.Checkpoint.write` writes the new prefix's files (the
+     directory of `path`, so the same filesystem);
+  2. each of them, then the directory, is flushed to disk (fsync);
+  3. the new pointer is written to `<new prefix>.next` and flushed, and
+     renamed over `<path>.tfspmd` (a rename within a directory replaces a
+     file atomically), and the directory is flushed again;
+  4. the files of earlier saves to `path` are removed: their prefixes,
+     whatever a killed save left (a prefix no pointer names, a `.next`
+     pointer, TensorFlow's `_temp` directory), and a checkpoint of the
+     earlier format (plain TensorFlow files at `path` itself).
+`restore(path)` reads the prefix `<path>.tfspmd` names, so a save killed at
+any point leaves the old checkpoint (before the rename of step 3) or the new
+one (from it on), complete, never a mix; the leftovers are ignored until the
+next save removes them. Without `<path>.tfspmd`, `restore(path)` reads plain
+TensorFlow files at `path`: those of a save by an earlier version of this
+module, or a prefix `save` returned. Only the latest save to `path` is kept.
+On a filesystem that is not local (a `scheme://` path) the files are not
+flushed: what is renamed is what was written and closed. In a run of
+several processes each process saves its own part of the state, as its
+arrays show it: give each process its own `path`, since a save to `path`
+removes the files of any other save to it.
+
+A damaged checkpoint (a data file cut short or missing, an index that is no
+checkpoint index, data that does not match the index's checksums) is a
+`ValueError` naming the checkpoint and the file.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import os
+import re
 from typing import Any
+import uuid
 
 import numpy as np
 import tensorflow as tf
@@ -46,19 +81,32 @@ _LAYOUT_KEY = "state/layout/.ATTRIBUTES/VARIABLE_VALUE"
 _HOST = "CPU:0"
 # The checkpoint's own entries, which are no trackable of the user's.
 _NOT_TRACKABLES = ("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter", "state")
+# `<path>.tfspmd` names the current checkpoint of `path`; each save writes
+# its files under the prefix `<path>.tfspmd-<token>`.
+_POINTER = ".tfspmd"
+_TOKEN = r"[0-9a-f]{32}"
+_DATA_FILE = re.compile(r"\.data-(\d{5})-of-(\d{5})")
 
 
 def save(path: str, state: Any, **trackables: Any) -> str:
   """Writes `state` (and any `trackables`) to the checkpoint `path`.
 
+  The checkpoint replaces any earlier one at `path` atomically: a crash
+  during the save leaves the earlier checkpoint or this one, whole (see the
+  module docstring).
+
   Args:
-    path: The checkpoint prefix, e.g. '/tmp/run/ckpt-3'.
+    path: The checkpoint's path, e.g. '/tmp/run/ckpt'; saving to the same
+      path again replaces it.
     state: The pytree of the training state.
     **trackables: More objects for `tf.train.Checkpoint` to save beside it
       (`tf.Variable`s, Keras models, `tf.data` iterators, ...).
 
   Returns:
-    The checkpoint prefix written.
+    The prefix of the TensorFlow checkpoint files written,
+    `<path>.tfspmd-<token>`: `restore` and TensorFlow's checkpoint readers
+    (`tf.train.load_checkpoint`) read it until the next save to `path`
+    removes it. `restore(path)` reads the latest save to `path`.
 
   Raises:
     TypeError: If a leaf of `state` is None or no array (a string, an
@@ -78,8 +126,11 @@ def save(path: str, state: Any, **trackables: Any) -> str:
     layout = tf.Variable(json.dumps({"format": _FORMAT, "leaves": records}),
                          trainable=False)
   blocks = {name: _saved_blocks(leaf) for name, leaf in leaves}
-  _checkpoint(layout, blocks, trackables).write(path)
-  return path
+  prefix = f"{path}{_POINTER}-{uuid.uuid4().hex}"
+  _checkpoint(layout, blocks, trackables).write(prefix)
+  _switch(path, prefix)
+  _remove_earlier(path, prefix)
+  return prefix
 
 
 def restore(path: str, like: Any, **trackables: Any) -> Any:
@@ -90,7 +141,9 @@ def restore(path: str, like: Any, **trackables: Any) -> Any:
   or split it was saved from.
 
   Args:
-    path: The checkpoint prefix `save` returned.
+    path: The path given to `save` (its latest save is read), or the prefix
+      `save` returned, or the prefix of a checkpoint saved by an earlier
+      version of this module.
     like: A state with the structure, shapes, dtypes and placements wanted
       (the values are not read).
     **trackables: The objects saved beside the state, to restore in place.
@@ -101,7 +154,9 @@ def restore(path: str, like: Any, **trackables: Any) -> Any:
 
   Raises:
     FileNotFoundError: If there is no checkpoint at `path`.
-    ValueError: If the checkpoint holds no state written by `save`, if its
+    ValueError: If the checkpoint is damaged (a data file cut short or
+      missing, an index that is no checkpoint index, data that does not
+      match its checksums), if it holds no state written by `save`, if its
       leaves are not those of `like` (by path), if a leaf of `like` has
       another global shape or dtype than the saved one, or if `trackables`
       do not match what was saved beside the state.
@@ -138,8 +193,13 @@ def restore(path: str, like: Any, **trackables: Any) -> Any:
     >>> float(np.asarray(restored).sum())
     48.0
   """
-  reader = _reader(path)
-  saved = {record["path"]: record for record in _saved_records(reader)}
+  prefix = _current_prefix(path)
+  reader = _reader(path, prefix)
+  try:
+    records = _saved_records(reader)
+  except (IndexError, tf.errors.OpError) as error:
+    raise ValueError(_unreadable(path, prefix, error)) from None
+  saved = {record["path"]: record for record in records}
   wanted = _named_leaves(like, "restore", "like")
   _check_same_leaves(saved, [name for name, _ in wanted])
   for name, leaf in wanted:
@@ -150,10 +210,13 @@ def restore(path: str, like: Any, **trackables: Any) -> Any:
   # The state was checked against its layout above: what fails here is a
   # trackable, absent (AssertionError) or of another shape or dtype.
   try:
-    status = _checkpoint(layout, targets, trackables).read(path)
+    status = _checkpoint(layout, targets, trackables).read(prefix)
     status.assert_existing_objects_matched()
   except (AssertionError, ValueError, tf.errors.InvalidArgumentError):
     raise ValueError(_trackables_mismatch(reader, trackables)) from None
+  except (IndexError, tf.errors.OpError) as error:
+    # Damage `_reader` cannot see: changed bytes, or a cut into strings.
+    raise ValueError(_unreadable(path, prefix, error)) from None
   # Trackables saved beside the state but not asked for stay unread.
   status.expect_partial()
   values = [_restored_leaf(targets[name], saved[name], leaf)
@@ -255,17 +318,205 @@ def _variable_on(tensor):
     return tf.Variable(tensor, trainable=False)
 
 
+def _switch(path, prefix):
+  """Makes the checkpoint written at `prefix` the one at `path`, atomically.
+
+  The pointer `<path>.tfspmd` is replaced by a rename, after the files it
+  names are on disk: a crash before the rename leaves the old pointer, one
+  after it the new one, each naming a complete checkpoint.
+  """
+  directory, name = _split(prefix)
+  for entry in sorted(tf.io.gfile.listdir(directory)):
+    if entry.startswith(name + "."):
+      _flush(os.path.join(directory, entry))
+  staged = prefix + ".next"
+  with tf.io.gfile.GFile(staged, "w") as pointer:
+    pointer.write(json.dumps({"checkpoint": name}))
+  _flush(staged)
+  # The new files' names must be on disk before the pointer that names them.
+  _flush(directory)
+  tf.io.gfile.rename(staged, path + _POINTER, overwrite=True)
+  _flush(directory)
+
+
+def _remove_earlier(path, prefix):
+  """Removes what saves to `path` before the one at `prefix` left.
+
+  Their checkpoints, the files of saves killed before their switch, and a
+  checkpoint of the earlier format (plain TensorFlow files at `path`).
+  """
+  directory, name = _split(path)
+  current = _split(prefix)[1]
+  earlier = re.compile(re.escape(name + _POINTER) + "-" + _TOKEN +
+                       r"([._].*)?|" + re.escape(name) +
+                       r"(\.index|\.data-\d{5}-of-\d{5})")
+  for entry in tf.io.gfile.listdir(directory):
+    entry = entry.rstrip("/")  # object stores list directories with a '/'
+    if not earlier.fullmatch(entry) or entry.startswith(current):
+      continue
+    entry = os.path.join(directory, entry)
+    if tf.io.gfile.isdir(entry):
+      tf.io.gfile.rmtree(entry)
+    else:
+      tf.io.gfile.remove(entry)
+
+
+def _flush(path):
+  """Flushes the local file or directory `path` to disk.
+
+  A path of another filesystem (`scheme://...`) is left as it is: what a
+  closed write wrote is what its store holds.
+  """
+  if "://" in path:
+    return
+  descriptor = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(descriptor)
+  finally:
+    os.close(descriptor)
+
+
+def _split(path):
+  """`(directory, name)` of `path`; '.' for a name without a directory."""
+  directory, name = os.path.split(path)
+  return directory or ".", name
+
+
 # --- restoring -------------------------------------------------------------------
 
 
-def _reader(path):
+def _current_prefix(path):
+  """The prefix of the checkpoint files at `path`.
+
+  The one `<path>.tfspmd` names; without it, `path` itself (a prefix `save`
+  returned, or a checkpoint of the earlier format).
+  """
+  pointer = path + _POINTER
+  if not tf.io.gfile.exists(pointer):
+    return path
+  with tf.io.gfile.GFile(pointer, "rb") as file:
+    text = file.read()
   try:
-    return tf.train.load_checkpoint(path)
+    name = json.loads(text)["checkpoint"]
+  except (ValueError, KeyError, TypeError):
+    name = None
+  versions = re.escape(os.path.basename(path) + _POINTER) + "-" + _TOKEN
+  if not isinstance(name, str) or not re.fullmatch(versions, name):
+    raise ValueError(
+        f"checkpoint.restore: {pointer!r}, the file that names the current "
+        f"checkpoint files of {path!r}, names none: the checkpoint at "
+        f"{path!r} is damaged; restore an earlier one.")
+  return os.path.join(os.path.dirname(path), name)
+
+
+def _reader(path, prefix):
+  """A reader of the checkpoint files at `prefix`, once they look whole."""
+  try:
+    reader = tf.train.load_checkpoint(prefix)
   except (tf.errors.NotFoundError, ValueError):
-    raise FileNotFoundError(
-        f"checkpoint.restore: there is no checkpoint at {path!r}. Pass the "
-        f"prefix checkpoint.save returned (tf.train.latest_checkpoint(directory) "
-        f"finds the newest in a directory).") from None
+    if prefix != path:
+      raise ValueError(
+          f"checkpoint.restore: the index file {prefix + '.index'!r}, which "
+          f"{path + _POINTER!r} names, is missing: the checkpoint at "
+          f"{path!r} is damaged; restore an earlier one.") from None
+    raise FileNotFoundError(_not_found(path)) from None
+  except tf.errors.OpError:
+    raise ValueError(
+        f"checkpoint.restore: the index file {prefix + '.index'!r} is not a "
+        f"checkpoint index: the checkpoint at {path!r} is damaged; restore an "
+        f"earlier one.") from None
+  _check_data_files(path, prefix, reader)
+  return reader
+
+
+def _not_found(path):
+  """The message for a `path` with no checkpoint files."""
+  version = re.fullmatch("(.*)" + re.escape(_POINTER) + "-" + _TOKEN, path)
+  if version and _replaced(version[1], path):
+    return (f"checkpoint.restore: there is no checkpoint at {path!r}: a later "
+            f"checkpoint.save to {version[1]!r} replaced it. Restore "
+            f"{version[1]!r} for the latest checkpoint saved there.")
+  return (f"checkpoint.restore: there is no checkpoint at {path!r}. Pass the "
+          f"path given to checkpoint.save, or the prefix it returned.")
+
+
+def _replaced(path, prefix):
+  """True if a later save to `path` replaced its checkpoint at `prefix`."""
+  try:
+    return _current_prefix(path) not in (path, prefix)
+  except ValueError:
+    return False
+
+
+def _check_data_files(path, prefix, reader):
+  """Raises unless the data files of `prefix` are there and long enough.
+
+  The index does not tell how long its data files are, but they hold at
+  least the bytes of its numeric tensors.
+  """
+  files, missing = _data_files(prefix)
+  if missing:
+    raise ValueError(
+        f"checkpoint.restore: {_the_data_files(missing)} "
+        f"{'is' if len(missing) == 1 else 'are'} missing: the checkpoint at "
+        f"{path!r} is damaged; restore an earlier one.")
+  size = sum(tf.io.gfile.stat(file).length for file in files)
+  dtypes = reader.get_variable_to_dtype_map()
+  needed = sum(int(np.prod(shape)) * dtypes[key].size
+               for key, shape in reader.get_variable_to_shape_map().items()
+               if dtypes[key] != tf.string)
+  if size < needed:
+    holds = "it holds" if len(files) == 1 else "they hold"
+    raise ValueError(
+        f"checkpoint.restore: {_the_data_files(files)} "
+        f"{'is' if len(files) == 1 else 'are'} {size} bytes, shorter than the "
+        f"{needed} the index says {holds}: the checkpoint at {path!r} is "
+        f"damaged; restore an earlier one.")
+
+
+def _data_files(prefix):
+  """The data files of `prefix`, and those of them that are missing.
+
+  How many there are is in each file's name (`.data-00000-of-00001`).
+  """
+  directory, name = _split(prefix)
+  shards = {}
+  for entry in tf.io.gfile.listdir(directory):
+    match = _DATA_FILE.fullmatch(entry[len(name):])
+    if entry.startswith(name) and match:
+      shards[int(match[1])] = int(match[2])
+  count = max(shards.values(), default=1)
+  files = [f"{prefix}.data-{shard:05d}-of-{count:05d}"
+           for shard in range(count)]
+  missing = [file for shard, file in enumerate(files)
+             if shards.get(shard) != count]
+  return files, missing
+
+
+def _the_data_files(files):
+  """'the data file 'a'' or 'the data files 'a', 'b'', for a message."""
+  names = ", ".join(repr(file) for file in files)
+  return f"the data file{'s' if len(files) > 1 else ''} {names}"
+
+
+def _unreadable(path, prefix, error):
+  """The message for data files that TensorFlow could not read as indexed.
+
+  Args:
+    path: The path given to `restore`.
+    prefix: The prefix of the checkpoint files read.
+    error: What TensorFlow raised: an IndexError for a file shorter than
+      its index says, an OpError for bytes that fail their checksums.
+  """
+  files = _data_files(prefix)[0]
+  one = len(files) == 1
+  index = f"the index {prefix + '.index'!r}"
+  if isinstance(error, IndexError):
+    what = f"{'is' if one else 'are'} shorter than {index} says"
+  else:
+    what = f"{'does' if one else 'do'} not match the checksums of {index}"
+  return (f"checkpoint.restore: {_the_data_files(files)} {what}: the "
+          f"checkpoint at {path!r} is damaged; restore an earlier one.")
 
 
 def _saved_records(reader):

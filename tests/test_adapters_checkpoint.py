@@ -4,12 +4,18 @@ A run resumed from a checkpoint must continue with bit-identical numbers to
 the run that was never interrupted. A state restored onto other devices
 keeps its global values, split over them as `like` is; whatever cannot keep
 them (another global shape, dtype or set of leaves) is an error naming the
-leaf, never a silent drop or swap.
+leaf, never a silent drop or swap. A save killed at any step leaves the old
+checkpoint or the new one, whole; a damaged checkpoint is an error naming it.
 """
 
 import collections
 import json
 import os
+import re
+import subprocess
+import sys
+import textwrap
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -302,8 +308,8 @@ def test_a_leaf_that_is_no_array_is_an_error(tmp_path):
 
 def test_restoring_what_is_not_there_is_an_error(tmp_path):
   with pytest.raises(FileNotFoundError, match=(
-      r"there is no checkpoint at '.*nowhere'\. Pass the prefix "
-      r"checkpoint\.save returned")):
+      r"there is no checkpoint at '.*nowhere'\. Pass the path given to "
+      r"checkpoint\.save, or the prefix it returned\.")):
     checkpoint.restore(str(tmp_path / "nowhere"), like=BIAS)
 
   raw = tf.train.Checkpoint(state=[tf.Variable(BIAS)]).write(
@@ -366,3 +372,298 @@ def test_resumed_keras_training_is_bit_identical(tmp_path):
   for got, want in zip(model.optimizer.variables,
                        uninterrupted.optimizer.variables):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+# --- crashes: the old checkpoint or the new one, whole ------------------------
+
+# The directory holding the tfspmd package, for the children.
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(
+    tfspmd.__file__)))
+
+# A child that saves the state of an .npz file to a path and is killed
+# (os._exit, as SIGKILL: nothing is cleaned up) just before its Nth call of
+# a file operation; it prints which. With fewer calls than N it saves whole.
+CRASHING_SAVE = textwrap.dedent("""
+    import os
+    import sys
+
+    import numpy as np
+    import tensorflow as tf
+
+    import tfspmd
+    from tfspmd.adapters import checkpoint
+
+    path, arrays, crash_at = sys.argv[1], np.load(sys.argv[2]), int(sys.argv[3])
+    calls = 0
+
+
+    def crashing(step, operation):
+      def run(*args, **kwargs):
+        global calls
+        calls += 1
+        if calls == crash_at:
+          print(step, flush=True)
+          os._exit(9)
+        return operation(*args, **kwargs)
+      return run
+
+
+    tf.train.Checkpoint.write = crashing("write", tf.train.Checkpoint.write)
+    os.fsync = crashing("fsync", os.fsync)
+    tf.io.gfile.rename = crashing("rename", tf.io.gfile.rename)
+    tf.io.gfile.remove = crashing("remove", tf.io.gfile.remove)
+    tf.io.gfile.rmtree = crashing("remove", tf.io.gfile.rmtree)
+    state = {"w": arrays["w"], "rows": tfspmd.pmap(lambda x: x)(arrays["rows"])}
+    checkpoint.save(path, state, epoch=tf.Variable(arrays["epoch"]))
+""")
+
+
+def numbered_state(k):
+  """State k of a run: w = k * [0, ..., 5], rows[d] = [k, d], epoch k."""
+  rows = np.stack([np.full(8, k), np.arange(8)], 1).astype(np.float32)
+  return {"w": np.arange(6, dtype=np.float32) * k, "rows": rows,
+          "epoch": np.int64(k)}
+
+
+def restored_state(path):
+  """The state at `path` as NumPy arrays: what a resumed run would read."""
+  epoch = tf.Variable(np.int64(-1))
+  state = checkpoint.restore(
+      path, like={"w": np.zeros(6, np.float32),
+                  "rows": np.zeros((8, 2), np.float32)}, epoch=epoch)
+  return {**state, "epoch": epoch.numpy()}
+
+
+def which_state(path, candidates):
+  """The k of `candidates` whose numbered_state(k) `path` holds exactly."""
+  state = restored_state(path)
+  matches = [k for k in candidates
+             if all(np.array_equal(state[key], numbered_state(k)[key])
+                    for key in ("w", "rows", "epoch"))]
+  assert len(matches) == 1, state
+  return matches[0]
+
+
+def save_numbered(path, k):
+  state = numbered_state(k)
+  return checkpoint.save(path, {"w": state["w"], "rows": state["rows"]},
+                         epoch=tf.Variable(state["epoch"]))
+
+
+def write_earlier_format(path, k):
+  """numbered_state(k) as the plain TensorFlow files an earlier save wrote.
+
+  Those are TensorFlow's files of the checkpoint at the prefix `path`
+  itself: the files of a save elsewhere, renamed (an index does not name
+  its own prefix).
+  """
+  elsewhere = save_numbered(os.path.join(os.path.dirname(path), "elsewhere",
+                                         "ckpt"), k)
+  for suffix in (".index", ".data-00000-of-00001"):
+    os.rename(elsewhere + suffix, path + suffix)
+
+
+def checkpoint_files(directory):
+  """The files of `directory` but the one of `write_earlier_format`."""
+  return sorted(name for name in os.listdir(directory) if name != "elsewhere")
+
+
+def run_crashing_save(path, state_file, crash_at):
+  """Runs CRASHING_SAVE; returns the step it was killed at (None: it ended)."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [SOURCE_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+  child = subprocess.run(
+      [sys.executable, "-c", CRASHING_SAVE, path, state_file, str(crash_at)],
+      env=env, capture_output=True, text=True, timeout=300, check=False)
+  if child.returncode == 0:
+    return None
+  assert child.returncode == 9, child.stderr
+  return child.stdout.strip()
+
+
+@pytest.mark.parametrize("old_format", ["saved", "earlier format"])
+def test_a_save_killed_at_any_step_leaves_the_old_or_the_new_state(
+    tmp_path, old_format):
+  state_file = str(tmp_path / "new.npz")
+  np.savez(state_file, **numbered_state(2))
+  steps, restored = [], []
+  for crash_at in range(1, 40):
+    directory = tmp_path / f"crash-{crash_at}"
+    directory.mkdir()
+    path = str(directory / "ckpt")
+    if old_format == "saved":
+      save_numbered(path, 1)
+    else:
+      write_earlier_format(path, 1)
+    step = run_crashing_save(path, state_file, crash_at)
+    restored.append(which_state(path, [1, 2]))
+
+    # The next save goes on from whatever the killed one left, and removes it.
+    latest = save_numbered(path, 3)
+    assert which_state(path, [1, 2, 3]) == 3
+    name = os.path.basename(latest)
+    assert checkpoint_files(directory) == [
+        "ckpt.tfspmd", name + ".data-00000-of-00001", name + ".index"]
+    if step is None:
+      break
+    steps.append(step)
+
+  # The state switches from old to new at the rename of the pointer, and at
+  # no other step; the save was killed before each of its file operations.
+  switch = steps.index("rename")
+  assert restored == [1] * (switch + 1) + [2] * (len(steps) - switch)
+  assert steps[0] == "write"
+  assert steps[1:switch] == ["fsync"] * (switch - 1)
+  assert steps[switch + 1] == "fsync"
+  assert steps[switch + 2:] == ["remove"] * (len(steps) - switch - 2)
+  assert len(steps) - switch - 2 == 2  # the old index and data file
+
+
+def test_a_save_flushes_the_new_files_before_it_switches_to_them(tmp_path):
+  path = str(tmp_path / "ckpt")
+  operations = []
+  fsync, rename = os.fsync, tf.io.gfile.rename
+
+  def recording_fsync(descriptor):
+    operations.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+    fsync(descriptor)
+
+  def recording_rename(source, target, overwrite=False):
+    operations.append(("rename", source, target))
+    rename(source, target, overwrite)
+
+  with mock.patch.object(os, "fsync", recording_fsync), \
+       mock.patch.object(tf.io.gfile, "rename", recording_rename):
+    prefix = save_numbered(path, 1)
+  assert operations == [
+      ("fsync", prefix + ".data-00000-of-00001"),
+      ("fsync", prefix + ".index"),
+      ("fsync", prefix + ".next"),
+      ("fsync", str(tmp_path)),
+      ("rename", prefix + ".next", path + ".tfspmd"),
+      ("fsync", str(tmp_path))]
+
+
+def test_saving_again_to_a_path_replaces_its_checkpoint(tmp_path):
+  path = str(tmp_path / "ckpt")
+  first = save_numbered(path, 1)
+  assert re.fullmatch(re.escape(path) + r"\.tfspmd-[0-9a-f]{32}", first)
+  assert which_state(first, [1]) == 1
+  assert which_state(path, [1]) == 1
+  second = save_numbered(path, 2)
+  assert which_state(path, [1, 2]) == 2
+  assert which_state(second, [1, 2]) == 2
+  name = os.path.basename(second)
+  assert sorted(os.listdir(tmp_path)) == [
+      "ckpt.tfspmd", name + ".data-00000-of-00001", name + ".index"]
+  with pytest.raises(FileNotFoundError, match=(
+      rf"there is no checkpoint at '{re.escape(first)}': a later "
+      rf"checkpoint\.save to '{re.escape(path)}' replaced it\. Restore "
+      rf"'{re.escape(path)}' for the latest checkpoint saved there\.")):
+    restored_state(first)
+  # What `tf.train.load_checkpoint` reads at the returned prefix is the state.
+  np.testing.assert_array_equal(
+      tf.train.load_checkpoint(second).get_tensor(
+          "state/leaves/['w']/0/.ATTRIBUTES/VARIABLE_VALUE"),
+      [0, 2, 4, 6, 8, 10])
+
+
+def test_a_checkpoint_of_the_earlier_format_restores_and_is_replaced(
+    tmp_path):
+  path = str(tmp_path / "ckpt")
+  write_earlier_format(path, 1)
+  assert which_state(path, [1]) == 1
+  latest = save_numbered(path, 2)
+  assert which_state(path, [1, 2]) == 2
+  name = os.path.basename(latest)
+  assert checkpoint_files(tmp_path) == [
+      "ckpt.tfspmd", name + ".data-00000-of-00001", name + ".index"]
+
+
+def test_what_a_save_killed_inside_tensorflow_left_is_ignored_then_removed(
+    tmp_path):
+  path = str(tmp_path / "ckpt")
+  save_numbered(path, 1)
+  # TensorFlow writes a checkpoint's shards in a '_temp' directory, then
+  # moves the data file beside it and writes the index last.
+  shards = tmp_path / ("ckpt.tfspmd-" + "a" * 32 + "_temp")
+  shards.mkdir()
+  (shards / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 9)
+  halfway = str(tmp_path / ("ckpt.tfspmd-" + "b" * 32))
+  (tmp_path / (os.path.basename(halfway) + ".data-00000-of-00001")
+   ).write_bytes(b"\0" * 9)
+  (tmp_path / (os.path.basename(halfway) + ".index")).write_bytes(b"\1" * 5)
+  (tmp_path / (os.path.basename(halfway) + ".next")).write_text(
+      json.dumps({"checkpoint": os.path.basename(halfway)}))
+  # Files of other checkpoints in the directory stay.
+  (tmp_path / "ckpt-7.index").write_bytes(b"")
+  (tmp_path / "ckpt.tfspmd-notes.txt").write_bytes(b"")
+  assert which_state(path, [1]) == 1
+
+  latest = save_numbered(path, 2)
+  assert which_state(path, [1, 2]) == 2
+  name = os.path.basename(latest)
+  assert sorted(os.listdir(tmp_path)) == sorted([
+      "ckpt-7.index", "ckpt.tfspmd", "ckpt.tfspmd-notes.txt",
+      name + ".data-00000-of-00001", name + ".index"])
+
+
+# --- damaged checkpoints: errors that name them -------------------------------
+
+
+def cut_to(file, size):
+  """Truncates `file` to `size` bytes; a negative `size` counts from its end."""
+  with open(file, "r+b") as opened:
+    opened.truncate(size if size >= 0 else os.path.getsize(file) + size)
+
+
+def write_file(file, contents):
+  with open(file, "wb") as opened:
+    opened.write(contents)
+
+
+def flip_last_byte(file):
+  with open(file, "r+b") as opened:
+    opened.seek(-1, os.SEEK_END)
+    last = opened.read(1)
+    opened.seek(-1, os.SEEK_END)
+    opened.write(bytes([last[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda path, prefix: cut_to(prefix + ".data-00000-of-00001", 10),
+     r"the data file '{prefix}\.data-00000-of-00001' is 10 bytes, shorter "
+     r"than the 96 the index says it holds: the checkpoint at '{path}' is "
+     r"damaged; restore an earlier one\."),
+    (lambda path, prefix: cut_to(prefix + ".data-00000-of-00001", -1),
+     r"the data file '{prefix}\.data-00000-of-00001' is shorter than the "
+     r"index '{prefix}\.index' says: the checkpoint at '{path}' is damaged; "
+     r"restore an earlier one\."),
+    (lambda path, prefix: os.remove(prefix + ".data-00000-of-00001"),
+     r"the data file '{prefix}\.data-00000-of-00001' is missing: the "
+     r"checkpoint at '{path}' is damaged; restore an earlier one\."),
+    (lambda path, prefix: write_file(prefix + ".index", b"not an index"),
+     r"the index file '{prefix}\.index' is not a checkpoint index: the "
+     r"checkpoint at '{path}' is damaged; restore an earlier one\."),
+    (lambda path, prefix: flip_last_byte(prefix + ".data-00000-of-00001"),
+     r"the data file '{prefix}\.data-00000-of-00001' does not match the "
+     r"checksums of the index '{prefix}\.index': the checkpoint at '{path}' "
+     r"is damaged; restore an earlier one\."),
+    (lambda path, prefix: os.remove(prefix + ".index"),
+     r"the index file '{prefix}\.index', which '{path}\.tfspmd' names, is "
+     r"missing: the checkpoint at '{path}' is damaged; restore an earlier "
+     r"one\."),
+    (lambda path, prefix: write_file(path + ".tfspmd", b"{"),
+     r"'{path}\.tfspmd', the file that names the current checkpoint files of "
+     r"'{path}', names none: the checkpoint at '{path}' is damaged; restore "
+     r"an earlier one\."),
+], ids=["data-cut-short", "data-cut-by-a-byte", "data-missing", "index-garbage", "data-changed",
+        "index-missing", "pointer-garbage"])
+def test_a_damaged_checkpoint_is_an_error_naming_it(tmp_path, damage, message):
+  path = str(tmp_path / "ckpt")
+  # 96 bytes of numbers: w (6 float32), rows (8 x 2 float32), epoch (int64).
+  prefix = save_numbered(path, 1)
+  damage(path, prefix)
+  expected = message.format(prefix=re.escape(prefix), path=re.escape(path))
+  with pytest.raises(ValueError, match=rf"^checkpoint\.restore: {expected}$"):
+    restored_state(path)

@@ -1653,9 +1653,131 @@ def _():
 @case("checkpoint-not-found", CHECKPOINTS,
       "checkpoint.restore of a path with no checkpoint", FileNotFoundError,
       r"checkpoint\.restore: there is no checkpoint at '/nonexistent/ckpt'\. "
-      r"Pass the prefix checkpoint\.save returned")
+      r"Pass the path given to checkpoint\.save, or the prefix it returned\.")
 def _():
   checkpoint.restore("/nonexistent/ckpt", like=_PARAMS)
+
+
+@case("checkpoint-replaced", CHECKPOINTS,
+      "checkpoint.restore of a prefix save returned, after a later save to "
+      "the same path", FileNotFoundError,
+      r"there is no checkpoint at '/tmp/run/ckpt\.tfspmd-<32 hex digits>': a "
+      r"later checkpoint\.save to '/tmp/run/ckpt' replaced it\. Restore "
+      r"'/tmp/run/ckpt' for the latest checkpoint saved there\.")
+def _():
+  path = os.path.join(tempfile.mkdtemp(), "ckpt")
+  first = checkpoint.save(path, _PARAMS)
+  checkpoint.save(path, _PARAMS)
+  checkpoint.restore(first, like=_PARAMS)
+
+
+def _damaged(damage):
+  """The path of a checkpoint of `_PARAMS`, after `damage(path, prefix)`.
+
+  `_PARAMS` is 60 bytes of numbers (3 + 12 float32s); `prefix` is the one
+  `save` returned, whose files the pointer at `path` names.
+  """
+  path = os.path.join(tempfile.mkdtemp(), "ckpt")
+  damage(path, checkpoint.save(path, _PARAMS))
+  return path
+
+
+def _truncate(file, size):
+  with open(file, "r+b") as opened:
+    opened.truncate(size)
+
+
+def _overwrite(file, contents):
+  with open(file, "wb") as opened:
+    opened.write(contents)
+
+
+def _flip_last_byte(file):
+  with open(file, "r+b") as opened:
+    opened.seek(-1, os.SEEK_END)
+    last = opened.read(1)[0]
+    opened.seek(-1, os.SEEK_END)
+    opened.write(bytes([last ^ 0xFF]))
+
+
+_DATA = ".data-00000-of-00001"
+
+
+@case("checkpoint-data-cut-short", CHECKPOINTS,
+      "checkpoint.restore of a checkpoint whose data file was cut short",
+      ValueError, r"checkpoint\.restore: the data file '/tmp/run/ckpt\.tfspmd-"
+      r"<32 hex digits>\.data-00000-of-00001' is 10 bytes, shorter than the 60 "
+      r"the index says it holds: the checkpoint at '/tmp/run/ckpt' is "
+      r"damaged; restore an earlier one\.")
+def _():
+  path = _damaged(lambda path, prefix: _truncate(prefix + _DATA, 10))
+  checkpoint.restore(path, like=_PARAMS)
+
+
+@case("checkpoint-data-cut-by-a-byte", CHECKPOINTS,
+      "checkpoint.restore of a checkpoint whose data file lost its last byte",
+      ValueError, r"checkpoint\.restore: the data file '/tmp/run/ckpt\.tfspmd-"
+      r"<32 hex digits>\.data-00000-of-00001' is shorter than the index "
+      r"'/tmp/run/ckpt\.tfspmd-<32 hex digits>\.index' says: the checkpoint at "
+      r"'/tmp/run/ckpt' is damaged; restore an earlier one\.")
+def _():
+  path = _damaged(lambda path, prefix: _truncate(
+      prefix + _DATA, os.path.getsize(prefix + _DATA) - 1))
+  checkpoint.restore(path, like=_PARAMS)
+
+
+@case("checkpoint-data-changed", CHECKPOINTS,
+      "checkpoint.restore of a checkpoint whose data file was changed",
+      ValueError, r"checkpoint\.restore: the data file '/tmp/run/ckpt\.tfspmd-"
+      r"<32 hex digits>\.data-00000-of-00001' does not match the checksums of "
+      r"the index '/tmp/run/ckpt\.tfspmd-<32 hex digits>\.index': the "
+      r"checkpoint at '/tmp/run/ckpt' is damaged; restore an earlier one\.")
+def _():
+  path = _damaged(lambda path, prefix: _flip_last_byte(prefix + _DATA))
+  checkpoint.restore(path, like=_PARAMS)
+
+
+@case("checkpoint-data-missing", CHECKPOINTS,
+      "checkpoint.restore of a checkpoint whose data file was removed",
+      ValueError, r"checkpoint\.restore: the data file '/tmp/run/ckpt\.tfspmd-"
+      r"<32 hex digits>\.data-00000-of-00001' is missing: the checkpoint at "
+      r"'/tmp/run/ckpt' is damaged; restore an earlier one\.")
+def _():
+  path = _damaged(lambda path, prefix: os.remove(prefix + _DATA))
+  checkpoint.restore(path, like=_PARAMS)
+
+
+@case("checkpoint-index-garbage", CHECKPOINTS,
+      "checkpoint.restore of a checkpoint whose index is no index",
+      ValueError, r"checkpoint\.restore: the index file '/tmp/run/ckpt\.tfspmd-"
+      r"<32 hex digits>\.index' is not a checkpoint index: the checkpoint at "
+      r"'/tmp/run/ckpt' is damaged; restore an earlier one\.")
+def _():
+  path = _damaged(lambda path, prefix: _overwrite(prefix + ".index",
+                                                  b"not an index"))
+  checkpoint.restore(path, like=_PARAMS)
+
+
+@case("checkpoint-index-missing", CHECKPOINTS,
+      "checkpoint.restore of a checkpoint whose index was removed",
+      ValueError, r"checkpoint\.restore: the index file '/tmp/run/ckpt\.tfspmd-"
+      r"<32 hex digits>\.index', which '/tmp/run/ckpt\.tfspmd' names, is "
+      r"missing: the checkpoint at '/tmp/run/ckpt' is damaged; restore an "
+      r"earlier one\.")
+def _():
+  path = _damaged(lambda path, prefix: os.remove(prefix + ".index"))
+  checkpoint.restore(path, like=_PARAMS)
+
+
+@case("checkpoint-pointer-garbage", CHECKPOINTS,
+      "checkpoint.restore of a path whose .tfspmd file names no checkpoint",
+      ValueError, r"checkpoint\.restore: '/tmp/run/ckpt\.tfspmd', the file "
+      r"that names the current checkpoint files of '/tmp/run/ckpt', names "
+      r"none: the checkpoint at '/tmp/run/ckpt' is damaged; restore an "
+      r"earlier one\.")
+def _():
+  path = _damaged(lambda path, prefix: _overwrite(path + ".tfspmd", b"{"))
+  checkpoint.restore(path, like=_PARAMS)
 
 
 @case("checkpoint-not-from-save", CHECKPOINTS,
@@ -2137,9 +2259,16 @@ def raised(entry):
 
 
 def message(error):
-  """The message as docs/errors.md shows it: no addresses, paths or lines."""
+  """The message as docs/errors.md shows it: no addresses, paths or lines.
+
+  A checkpoint in a fresh temporary directory shows as one in /tmp/run, its
+  files' unique names as `<32 hex digits>`.
+  """
   text = str(error)
   text = re.sub(r"0x[0-9a-f]+", "0x...", text)
+  text = re.sub(re.escape(os.path.join(tempfile.gettempdir(), "tmp")) +
+                r"[\w-]+", "/tmp/run", text)
+  text = re.sub(r"\.tfspmd-[0-9a-f]{32}", ".tfspmd-<32 hex digits>", text)
   return re.sub(r"\S*(tests/test_errors\.py):\d+", r"\1:LINE", text)
 
 
