@@ -72,7 +72,7 @@ def numpy_attention_and_grads(q, k, v, bias, segment_ids, loss_weights):
   return out, np.sum(out * w), (dq, dk, dv)
 
 
-# --- the port -------------------------------------------------------------------
+# --- the port -----------------------------------------------------------------
 
 
 def scan(body, init, xs, y_dtypes=None):
@@ -402,7 +402,7 @@ def below_or_on_diag(r, r_blk_size, c, c_blk_size, causal_block_size):
   return ((r + 1) * causal_block_size_q - 1) > (c * causal_block_size_k)
 
 
-# --- the tests ------------------------------------------------------------------
+# --- the tests ----------------------------------------------------------------
 
 BLOCKWISE_KWARGS = dict(causal_block_size=1, query_chunk_size=CHUNK,
                         key_chunk_size=CHUNK, dtype=tf.float32)
