@@ -104,8 +104,9 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
               for k, value in enumerate(outputs)]
 
   try:
-    stacked = tf_internal.vectorize_loop(loop_fn, size,
-                                           control_flow.prepare)
+    with control_flow.remembered_loop_stacking():
+      stacked = tf_internal.vectorize_loop(loop_fn, size,
+                                             control_flow.prepare)
   except ValueError as e:
     found = tf_internal.unvectorizable_op(e)
     if found is None:
