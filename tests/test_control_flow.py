@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import tfspmd
 from tfspmd import lax
+from tfspmd._src import tf_internal
 
 import numpy_reference
 
@@ -405,6 +406,55 @@ def test_scan_inside_a_loop_and_a_per_device_loop_inside_a_loop():
   for _ in range(2):
     c = np.cumsum(c, axis=1) + np.arange(N)[:, None]
   np.testing.assert_allclose(run(f, x), c, rtol=1e-5)
+
+
+def test_loops_three_deep_convert_the_innermost_body_a_few_times(monkeypatch):
+  """Each loop's per-device variables are found once per stacked inputs.
+
+  The outer loop's body is converted 3 times (two passes find that `a`
+  becomes per-device, then the loop is built), each converting the middle
+  loop; its passes run once for `a` the same everywhere and once for `a`
+  per device, so its body is converted 2 + 2 + 1 = 5 times, each
+  converting the inner loop: 2 passes (one per stacking of `a`) and 5
+  builds make 7. Finding every loop's stacking anew would convert the
+  innermost body 3 * 2 * 2 = 12 times, growing with each level of nesting.
+  """
+  x = data(3)
+  innermost = []
+  conversions = []
+  convert_graph_inline = tf_internal.convert_graph_inline
+
+  def counted(pfor_input, graph, inputs, prepare):
+    conversions.append(graph)
+    return convert_graph_inline(pfor_input, graph, inputs, prepare)
+
+  monkeypatch.setattr(tf_internal, "convert_graph_inline", counted)
+
+  def f(v):
+    index = tf.cast(lax.axis_index("i"), tf.float32)
+
+    def outer(k, a, b):
+      def middle(j, a, b):
+        def inner(m, a, b):
+          innermost.append(tf.compat.v1.get_default_graph())
+          return m + 1, a + 1., b + a * 0.5
+        _, a, b = tf.while_loop(lambda m, *_: m < 2, inner, (0, a, b))
+        return j + 1, a, b + index
+      _, a, b = tf.while_loop(lambda j, *_: j < 2, middle, (0, a, b))
+      return k + 1, a + b, b
+    return tf.while_loop(lambda k, *_: k < 2, outer, (0, tf.zeros(3), v))[1]
+
+  a = np.zeros_like(x, np.float64)
+  b = x.astype(np.float64)
+  for _ in range(2):
+    for _ in range(2):
+      for _ in range(2):
+        a, b = a + 1, b + a * 0.5
+      b = b + np.arange(N)[:, None]
+    a = a + b
+  np.testing.assert_allclose(run(f, x), a, rtol=1e-5)
+  assert len(innermost) == 1
+  assert sum(graph is innermost[0] for graph in conversions) == 7
 
 
 def test_loops_inside_a_pmap_with_steps():

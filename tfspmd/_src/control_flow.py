@@ -27,7 +27,9 @@ an error at trace time that names both, as the devices would not meet
 under jax.pmap either.
 """
 
+import contextlib
 import functools
+import threading
 
 import tensorflow as tf
 
@@ -343,6 +345,42 @@ def _loop_stacking(op_inputs, cond_graph, body_graph, values):
       return stacked, predicate.stacked
 
 
+# The `_loop_stacking` results of the vectorization being traced (see
+# `remembered_loop_stacking`); None outside one.
+_found_stacking = threading.local()
+
+
+@contextlib.contextmanager
+def remembered_loop_stacking():
+  """Within, each loop's stacking is found once per stacked inputs.
+
+  A loop nested in another is converted in every pass of the outer loop's
+  `_loop_stacking` and again when the outer loop is built. Finding the
+  inner loop's stacking anew each time would multiply the conversions by
+  the passes of every enclosing loop; what it finds depends only on which
+  of the loop's inputs are stacked (the loop size is the same throughout
+  one vectorization), so it is kept for the vectorization.
+  """
+  enclosing = getattr(_found_stacking, "results", None)
+  _found_stacking.results = {}
+  try:
+    yield
+  finally:
+    _found_stacking.results = enclosing
+
+
+def _remembered_loop_stacking(op_inputs, cond_graph, body_graph, values):
+  """`_loop_stacking`, found once per loop and stacked inputs."""
+  results = getattr(_found_stacking, "results", None)
+  if results is None:
+    return _loop_stacking(op_inputs, cond_graph, body_graph, values)
+  key = (op_inputs.op, tuple(v.stacked for v in values))
+  if key not in results:
+    results[key] = _loop_stacking(op_inputs, cond_graph, body_graph, values)
+  stacked, per_device = results[key]
+  return list(stacked), per_device
+
+
 @_do_not_convert
 def _convert_while(op_inputs):
   operation = op_inputs.op
@@ -350,8 +388,8 @@ def _convert_while(op_inputs):
   body_graph = tf_internal.function_graph(operation, "body")
   values = op_inputs.inputs()
   size = op_inputs.loop_size
-  stacked, per_device = _loop_stacking(op_inputs, cond_graph, body_graph,
-                                       values)
+  stacked, per_device = _remembered_loop_stacking(op_inputs, cond_graph,
+                                                  body_graph, values)
   if per_device:
     found = _collectives_in([cond_graph, body_graph])
     if found is not None:

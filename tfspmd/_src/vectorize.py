@@ -125,9 +125,10 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       return marked
 
   try:
-    with side_effects.recording() as effects:
+    with side_effects.recording() as effects, \
+        control_flow.remembered_loop_stacking():
       stacked = tf_internal.vectorize_loop(loop_fn, size,
-                                             control_flow.prepare)
+                                           control_flow.prepare)
     if traced["anchored"]:
       stacked = stacked[:-1]
   except ValueError as e:
