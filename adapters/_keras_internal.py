@@ -8,7 +8,9 @@ TensorFlow backend:
     (`Trainer._symbolic_build`);
   - the loss tracker `fit` reports as 'loss' (`Trainer._loss_tracker`) and
     the forward pass's losses handed to `compute_loss`
-    (`Layer._losses_override`), as Keras' JAX trainer does;
+    (`Layer._losses_override`), as Keras' JAX trainer does, and the loss of
+    each output, which the compiled loss (`Trainer._compile_loss`) hands its
+    trackers;
   - `optimizer.stateless_apply`, which the TensorFlow backend's optimizer
     refuses (it would break `tf.distribute`): `stateless_optimizer` gives the
     optimizer the backend-neutral methods of `BaseOptimizer` while a step
@@ -203,6 +205,41 @@ def forward_losses(model, losses):
     yield
   finally:
     model._losses_override = []  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def recorded_output_losses(model):
+  """Records the loss of each output the compiled loss computes.
+
+  For a model with several outputs, Keras' compiled loss updates a `Mean`
+  tracker per output ('<output>_loss' in the logs) with that output's
+  unweighted loss, inside `compute_loss`. A device's tracker would hold its
+  own rows' loss only, so the values are recorded here for the trainer to
+  update the trackers once per step with their mean over the devices.
+
+  Args:
+    model: A compiled Keras model.
+
+  Yields:
+    A list that `compute_loss`, run inside, fills with `(tracker, loss)`
+    pairs in the order the trackers are updated.
+  """
+  compiled = model._compile_loss  # pylint: disable=protected-access
+  trackers = [] if compiled is None else list(compiled.metrics)
+  recorded = []
+  for tracker in trackers:
+
+    def update_state(values, sample_weight=None, tracker=tracker,
+                     update=tracker.update_state):
+      recorded.append((tracker, values))
+      return update(values, sample_weight=sample_weight)
+
+    object.__setattr__(tracker, "update_state", update_state)
+  try:
+    yield recorded
+  finally:
+    for tracker in trackers:
+      object.__delattr__(tracker, "update_state")
 
 
 def inner_optimizer(optimizer):

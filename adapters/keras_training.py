@@ -546,10 +546,11 @@ class KerasTrainer:
       with _padded_rows.batch_norm_without_padding(model, rows):
         seeded = _keras_step.per_device_seeds(non_trainable, seeds, 1,
                                               self.axis_name)
-        loss, y_pred, new_non_trainable = _keras_step.compiled_loss(
-            model, trainable, seeded, metrics, x, y,
-            _padded_rows.sample_weights_for_loss(sample_weight, rows,
-                                                 self.axis_name), True)
+        loss, y_pred, new_non_trainable, output_losses = (
+            _keras_step.compiled_loss(
+                model, trainable, seeded, metrics, x, y,
+                _padded_rows.sample_weights_for_loss(sample_weight, rows,
+                                                     self.axis_name), True))
       with keras.StatelessScope(
           state_mapping=list(zip(optimizer.variables, optimizer_values))):
         scaled_loss = optimizer.scale_loss(loss)
@@ -571,8 +572,8 @@ class KerasTrainer:
     non_trainable = _padded_rows.averaged_non_trainable(
         non_trainable, new_non_trainable, rows, self.axis_name)
     metrics, logs = _keras_step.metrics_of_global_batch(
-        model, self.axis_name, metrics, loss, x, y, y_pred, sample_weight,
-        rows)
+        model, self.axis_name, metrics, loss, output_losses, x, y, y_pred,
+        sample_weight, rows)
     return (trainable, non_trainable, optimizer_values, metrics), logs
 
   def _predict_step(self, trainable, non_trainable, batch):
@@ -587,13 +588,13 @@ class KerasTrainer:
   def _test_step(self, trainable, non_trainable, metrics, batch):
     """One device's evaluation step: the metrics updated by its rows."""
     x, y, sample_weight, rows = _step_batches.unpack(batch)
-    loss, y_pred, _ = _keras_step.compiled_loss(
+    loss, y_pred, _, output_losses = _keras_step.compiled_loss(
         self.model, trainable, non_trainable, metrics, x, y,
         _padded_rows.sample_weights_for_loss(sample_weight, rows,
                                              self.axis_name), False)
     return _keras_step.metrics_of_global_batch(
-        self.model, self.axis_name, metrics, loss, x, y, y_pred,
-        sample_weight, rows)
+        self.model, self.axis_name, metrics, loss, output_losses, x, y,
+        y_pred, sample_weight, rows)
 
 
 def _validates_after(epoch, validation_freq):

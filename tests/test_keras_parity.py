@@ -1,7 +1,8 @@
 """adapters.keras_training: what `model.fit` users reach for, against Keras.
 
 Validation data and splits, class weights, shuffling, `predict`,
-`evaluate`'s return values and mixed precision policies: each compared with
+`evaluate`'s return values, the losses of a model with several outputs and
+mixed precision policies: each compared with
 `model.fit` / `model.evaluate` / `model.predict` of an identically
 initialised copy of the model on one device, with the same data in the same
 order.
@@ -270,6 +271,93 @@ def test_predict_after_fit_uses_the_trained_weights():
   np.testing.assert_allclose(trainer.predict(x, batch_size=BATCH),
                              model.predict(x, batch_size=BATCH, verbose=0),
                              rtol=1e-5, atol=1e-6)
+
+
+# --- several outputs ---------------------------------------------------------
+
+
+def two_output_model():
+  keras.utils.set_random_seed(3)
+  inputs = keras.Input((FEATURES,))
+  hidden = keras.layers.Dense(4, activation="tanh")(inputs)
+  model = keras.Model(inputs, {
+      "score": keras.layers.Dense(1, name="score")(hidden),
+      "probs": keras.layers.Dense(CLASSES, activation="softmax",
+                                  name="probs")(hidden)})
+  model.compile(optimizer=keras.optimizers.SGD(0.1),
+                loss={"score": "mse", "probs": "categorical_crossentropy"},
+                loss_weights={"score": 0.5, "probs": 2.0},
+                metrics={"score": ["mae"], "probs": ["accuracy"]})
+  return model
+
+
+def two_output_data(seed, rows):
+  x, y = data(seed=seed, rows=rows)
+  return x, {"score": x[:, :1] - 2 * x[:, 1:2],
+             "probs": np.eye(CLASSES, dtype=np.float32)[y]}
+
+
+@pytest.mark.parametrize("batch, remainder", [(BATCH, "error"), (20, "pad")])
+def test_two_outputs_report_each_outputs_loss_as_keras_fit(batch, remainder):
+  # 60 rows in batches of 20 (padded to 24 on 8 devices) or of 16.
+  x, y = two_output_data(seed=15, rows=60 if remainder == "pad" else 64)
+  x_val, y_val = two_output_data(seed=16, rows=32)
+  arguments = dict(batch_size=batch, epochs=2, shuffle=False, verbose=0,
+                   validation_data=(x_val, y_val))
+  reference = two_output_model()
+  expected = reference.fit(x, y, **arguments).history
+  model = two_output_model()
+  history = keras_training.KerasTrainer(model).fit(
+      x, y, remainder=remainder, **arguments).history
+  assert sorted(expected) == [
+      "loss", "probs_accuracy", "probs_loss", "score_loss", "score_mae",
+      "val_loss", "val_probs_accuracy", "val_probs_loss", "val_score_loss",
+      "val_score_mae"]
+  # The total is the weighted sum of the outputs' losses.
+  np.testing.assert_allclose(
+      np.asarray(expected["score_loss"]) * 0.5 +
+      np.asarray(expected["probs_loss"]) * 2.0, expected["loss"], rtol=1e-5)
+  assert all(value > 0 for value in history["score_loss"])
+  assert_same_run(model, history, reference, expected)
+
+
+@pytest.mark.parametrize("batch, remainder", [(BATCH, "error"), (20, "pad")])
+def test_evaluate_of_two_outputs_returns_what_keras_evaluate_returns(
+    batch, remainder):
+  # 52 rows in batches of 20: the last one holds 12 (padded to 16).
+  x, y = two_output_data(seed=17, rows=64 if remainder == "error" else 52)
+  model = two_output_model()
+  trainer = keras_training.KerasTrainer(model)
+  for return_dict in (False, True):
+    expected = model.evaluate(x, y, batch_size=batch, verbose=0,
+                              return_dict=return_dict)
+    got = trainer.evaluate(x, y, batch_size=batch, return_dict=return_dict,
+                           remainder=remainder)
+    assert type(got) is type(expected)
+    if return_dict:
+      assert list(got) == list(expected)
+      assert sorted(got) == ["loss", "probs_accuracy", "probs_loss",
+                             "score_loss", "score_mae"]
+      by_name = got
+      got, expected = list(got.values()), list(expected.values())
+    assert len(got) == len(expected) == 5
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+  # Each output's loss is the mean of its batches' losses, each batch
+  # weighing 1 (as in Keras' TensorFlow trainer), where 'loss' weighs each
+  # batch by its rows.
+  predictions = model.predict(x, batch_size=batch, verbose=0)
+  starts = range(0, len(x), batch)
+  score = [np.mean((predictions["score"][k:k + batch] -
+                    y["score"][k:k + batch]) ** 2) for k in starts]
+  probs = [np.mean(-np.sum(y["probs"][k:k + batch] * np.log(
+      predictions["probs"][k:k + batch]), axis=1)) for k in starts]
+  np.testing.assert_allclose(by_name["score_loss"], np.mean(score), rtol=1e-5)
+  np.testing.assert_allclose(by_name["probs_loss"], np.mean(probs), rtol=1e-5)
+  rows = [len(x[k:k + batch]) for k in starts]
+  np.testing.assert_allclose(
+      by_name["loss"], np.average(0.5 * np.asarray(score) +
+                                  2.0 * np.asarray(probs), weights=rows),
+      rtol=1e-5)
 
 
 # --- mixed precision --------------------------------------------------------
