@@ -16,8 +16,8 @@ TensorFlow backend:
     optimizer the backend-neutral methods of `BaseOptimizer` while a step
     traces.
 Also here: the optimizer's learning-rate variable, whether a loss or
-metrics were compiled, and BatchNormalization's batch moments with padding
-rows left out.
+metrics were compiled, and BatchNormalization's batch moments, recorded
+with padding rows left out.
 Any Keras that keeps these names where the tested versions
 (`TESTED_KERAS_VERSIONS`, rerun with tests/keras_versions.sh) keep them is
 accepted. One that moved a name is an ImportError naming it and the installed
@@ -303,42 +303,53 @@ def compiled_users_of_targets(model):
 
 
 @contextlib.contextmanager
-def batch_norm_row_weights(model, rows):
-  """Leaves rows of weight 0 out of every BatchNormalization's batch moments.
+def batch_norm_moments(model, rows):
+  """Records every BatchNormalization's batch moments, weighing rows by `rows`.
 
   Keras' BatchNormalization takes a mask only through Keras' mask
   propagation (shaped like the inputs less the feature axis, and refused
   for some layers), so padding rows are left out by giving each layer a
   `_moments` that weights the rows: the layer's own `mask`, if any, times
-  `rows` along the batch axis.
+  `rows` along the batch axis. The moments it returns are recorded, with
+  the count of rows they cover, for the trainer to pool over the devices.
 
   Args:
     model: The Keras model whose layers to change while inside.
     rows: A float tensor of shape `(batch,)`: 1 for a real row, 0 for a
-      padding row.
+      padding row; or None for a batch without padding.
+
+  Yields:
+    A list that each training-mode call of a BatchNormalization inside
+    appends `(layer, count, mean, variance)` to, the last three per
+    feature.
   """
   layers = [layer for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
             if isinstance(layer, keras.layers.BatchNormalization)]
+  recorded = []
   for layer in layers:
     object.__setattr__(layer, "_moments", functools.partial(
-        _row_weighted_moments, layer, rows))
+        _row_weighted_moments, layer, rows, recorded))
   try:
-    yield
+    yield recorded
   finally:
     for layer in layers:
       object.__delattr__(layer, "_moments")
 
 
-def _row_weighted_moments(layer, rows, inputs, mask):
+def _row_weighted_moments(layer, rows, recorded, inputs, mask):
   """Mean and variance over `layer`'s reduction axes, rows weighted by `rows`."""
   rank = inputs.shape.rank
-  if inputs.shape[0] is not None and inputs.shape[0] != rows.shape[0]:
-    raise ValueError(
-        f"KerasTrainer(remainder='pad'): the BatchNormalization {layer.name!r} "
-        f"gets {inputs.shape[0]} rows where the batch has {rows.shape[0]}, so "
-        f"it cannot leave the padding rows out of its batch statistics. Use "
-        f"batches that divide by the devices (remainder='error').")
-  weights = tf.reshape(tf.cast(rows, inputs.dtype), [-1] + [1] * (rank - 1))
+  if rows is None:
+    weights = tf.ones([tf.shape(inputs)[0]] + [1] * (rank - 1), inputs.dtype)
+  else:
+    if inputs.shape[0] is not None and inputs.shape[0] != rows.shape[0]:
+      raise ValueError(
+          f"KerasTrainer(remainder='pad'): the BatchNormalization "
+          f"{layer.name!r} gets {inputs.shape[0]} rows where the batch has "
+          f"{rows.shape[0]}, so it cannot leave the padding rows out of its "
+          f"batch statistics. Use batches that divide by the devices "
+          f"(remainder='error').")
+    weights = tf.reshape(tf.cast(rows, inputs.dtype), [-1] + [1] * (rank - 1))
   if mask is not None:
     weights = weights * tf.expand_dims(tf.cast(mask, inputs.dtype), -1)
   weights = tf.broadcast_to(weights, tf.shape(inputs))
@@ -350,7 +361,10 @@ def _row_weighted_moments(layer, rows, inputs, mask):
   squares = tf.math.squared_difference(inputs, tf.stop_gradient(mean))
   variance = tf.math.divide_no_nan(
       tf.reduce_sum(weights * squares, axes, keepdims=True), count)
-  return tf.squeeze(mean, axes), tf.squeeze(variance, axes)
+  count, mean, variance = (tf.squeeze(t, axes) for t in (count, mean,
+                                                         variance))
+  recorded.append((layer, count, mean, variance))
+  return mean, variance
 
 
 def compute_metrics_of_rows(model, y, y_pred, sample_weight, rows):

@@ -39,11 +39,15 @@
 
 With the default loss reduction (the mean over the batch), the mean of the
 devices' gradients is the gradient of the global batch, so the training is
-`fit`'s up to float rounding. Non-trainable variables a step updates
-(BatchNormalization's moving statistics) are averaged over the devices,
-each weighted by its real rows: the moving mean is `fit`'s, the moving
-variance the mean of the devices' batch variances (not the global batch's
-variance, since each device normalizes by its own batch statistics).
+`fit`'s up to float rounding. BatchNormalization normalizes each device's
+rows by their own batch moments, as each replica of a `tf.distribute`
+strategy does, so a model with it trains as `fit` would on batches of a
+device's rows; its moving mean and variance, though, are `fit`'s: the
+devices' moments pooled into the mean and the variance of the global
+batch's real rows (a device with no real row weighs nothing). Give each
+device several rows: one row alone normalizes to the layer's offset.
+Other non-trainable variables a step updates are averaged over the
+devices, each weighted by its real rows.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ import keras
 import tfspmd
 from tfspmd import lax
 
+from . import _batch_norm
 from . import _keras_inputs
 from . import _keras_internal
 from . import _keras_step
@@ -543,7 +548,7 @@ class KerasTrainer:
     seeds = _keras_internal.seed_state_positions(model)
     with tf.GradientTape() as tape:
       tape.watch(trainable)
-      with _padded_rows.batch_norm_without_padding(model, rows):
+      with _batch_norm.recorded_moments(model, rows) as moments:
         seeded = _keras_step.per_device_seeds(non_trainable, seeds, 1,
                                               self.axis_name)
         loss, y_pred, new_non_trainable, output_losses = (
@@ -569,8 +574,10 @@ class KerasTrainer:
     with _keras_internal.stateless_optimizer(optimizer):
       trainable, optimizer_values = optimizer.stateless_apply(
           optimizer_values, grads, trainable)
+    new_non_trainable, pooled = _batch_norm.moving_statistics_of_global_batch(
+        model, non_trainable, new_non_trainable, moments, self.axis_name)
     non_trainable = _padded_rows.averaged_non_trainable(
-        non_trainable, new_non_trainable, rows, self.axis_name)
+        non_trainable, new_non_trainable, rows, self.axis_name, pooled)
     metrics, logs = _keras_step.metrics_of_global_batch(
         model, self.axis_name, metrics, loss, output_losses, x, y, y_pred,
         sample_weight, rows)
