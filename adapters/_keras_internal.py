@@ -52,7 +52,9 @@ PRIVATE_CLASSES = (
      ("train_step", "test_step", "predict_step", "_symbolic_build",
       "_flatten_metrics_in_order")),
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer",
-     _BASE_OPTIMIZER_METHODS + ("_var_key",)),
+     _BASE_OPTIMIZER_METHODS + (
+         "_var_key", "_backend_apply_gradients", "_get_variable_index",
+         "_clip_gradients", "_update_model_variables_moving_average")),
     ("keras.src.trainers.compile_utils", "CompileMetrics", ("_flatten_y",)),
     ("keras.layers", "Layer", ("_flatten_layers",)),
     ("keras.layers", "BatchNormalization", ("_moments",)),
@@ -261,7 +263,8 @@ def stateless_optimizer(optimizer):
   Inside, the optimizer has `BaseOptimizer`'s methods for the names above,
   and a `_var_key` that finds each model variable's slot by the key the
   optimizer was built with (the TensorFlow key reads `variable.value`,
-  which inside a StatelessScope is a tensor without one). A
+  which inside a StatelessScope is a tensor without one), and applies
+  gradients without Keras' branches (`_apply_gradients_without_branches`). A
   `LossScaleOptimizer` keeps its own `stateless_apply` (its `apply` goes
   through `tf.distribute`); the optimizer it wraps gets the methods.
   """
@@ -280,6 +283,8 @@ def stateless_optimizer(optimizer):
   patched = {name: types.MethodType(getattr(BaseOptimizer, name), optimizer)
              for name in _BASE_OPTIMIZER_METHODS}
   patched["_var_key"] = var_key
+  patched["_backend_apply_gradients"] = types.MethodType(
+      _apply_gradients_without_branches, optimizer)
   for name, method in patched.items():
     object.__setattr__(optimizer, name, method)
   try:
@@ -287,6 +292,67 @@ def stateless_optimizer(optimizer):
   finally:
     for name in patched:
       object.__delattr__(optimizer, name)
+
+
+def _apply_gradients_without_branches(optimizer, grads, trainable_variables):
+  """`BaseOptimizer._backend_apply_gradients`, selecting instead of branching.
+
+  Keras' own branches (`ops.cond`) on whether a step applies the
+  accumulated gradients (`gradient_accumulation_steps`) and whether it
+  overwrites the weights by their moving averages (`ema_overwrite_frequency`);
+  in a StatelessScope a value one branch assigns would be read outside it.
+  As Keras' JAX optimizer does, both outcomes are computed and the step's
+  values selected.
+
+  Args:
+    optimizer: The optimizer (not a LossScaleOptimizer) applying `grads`.
+    grads: The gradients, one per trainable variable.
+    trainable_variables: The variables to update.
+  """
+  steps = optimizer.gradient_accumulation_steps
+  if steps:
+    is_update_step = (optimizer._iterations + 1) % steps == 0  # pylint: disable=protected-access
+    accumulators = [
+        optimizer._accumulated_gradients[optimizer._get_variable_index(v)]  # pylint: disable=protected-access
+        for v in trainable_variables]
+    before = [(v, v.value) for v in
+              list(trainable_variables) + list(optimizer.variables)]
+    accumulated = [_select(is_update_step, tf.zeros_like(a.value),
+                           g + a.value)
+                   for g, a in zip(grads, accumulators)]
+    grads = [_select(is_update_step, (g + a.value) / steps, g)
+             for g, a in zip(grads, accumulators)]
+  grads = optimizer._clip_gradients(grads)  # pylint: disable=protected-access
+  optimizer._apply_weight_decay(trainable_variables)  # pylint: disable=protected-access
+  optimizer._backend_update_step(grads, trainable_variables,  # pylint: disable=protected-access
+                                 optimizer.learning_rate)
+  if steps:
+    for variable, value in before:
+      variable.assign(_select(is_update_step, variable.value, value))
+    for accumulator, value in zip(accumulators, accumulated):
+      accumulator.assign(value)
+  if optimizer.use_ema:
+    optimizer._update_model_variables_moving_average(  # pylint: disable=protected-access
+        optimizer._trainable_variables)  # pylint: disable=protected-access
+    if optimizer.ema_overwrite_frequency:
+      overwrite = (optimizer.iterations + 1) % (
+          optimizer.ema_overwrite_frequency) == 0
+      for variable, average in zip(
+          optimizer._trainable_variables,  # pylint: disable=protected-access
+          optimizer._model_variables_moving_average):  # pylint: disable=protected-access
+        if average is not None:
+          variable.assign(_select(overwrite, average.value, variable.value))
+
+
+def _select(condition, if_true, if_false):
+  """`tf.where` of a scalar condition, broadcast to the values' shape.
+
+  DTensor (TF 2.21) crashes on a `SelectV2` whose condition is a scalar
+  and whose values are not.
+  """
+  if_true = tf.convert_to_tensor(if_true)
+  return tf.where(tf.broadcast_to(condition, tf.shape(if_true)), if_true,
+                  if_false)
 
 
 def learning_rate_variable(optimizer):

@@ -375,6 +375,10 @@ class KerasTrainer:
     finally:
       if stream is not None:
         stream.close()
+    if epochs > 0:
+      # As fit does: an optimizer with `use_ema` gives the model the moving
+      # averages of its weights.
+      model.optimizer.finalize_variable_values(model.trainable_weights)
     callback_list.on_train_end(logs)
     return model.history
 

@@ -423,6 +423,50 @@ def test_loss_scale_skips_overflowing_steps_and_grows_as_keras(mixed_policy):
       reference.optimizer.iterations.numpy())
 
 
+OPTIMIZERS = {
+    "sgd_momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    "sgd_nesterov_weight_decay": lambda: keras.optimizers.SGD(
+        0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
+    "adam_ema": lambda: keras.optimizers.Adam(0.01, use_ema=True,
+                                              ema_momentum=0.9),
+    "adam_ema_overwrite": lambda: keras.optimizers.Adam(
+        0.01, use_ema=True, ema_momentum=0.9, ema_overwrite_frequency=3),
+    "adam_gradient_accumulation": lambda: keras.optimizers.Adam(
+        0.01, gradient_accumulation_steps=2),
+    "rmsprop_global_clipnorm": lambda: keras.optimizers.RMSprop(
+        0.01, global_clipnorm=1.0),
+    "given_loss_scale_optimizer": lambda: keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1, momentum=0.9, weight_decay=0.01)),
+}
+
+
+@pytest.mark.parametrize("mixed_policy", ["float32", "mixed_float16"],
+                         indirect=True)
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_optimizer_options_train_as_keras_fit(optimizer, mixed_policy):
+  # The policy is set before the models are built; under mixed_float16
+  # Keras wraps each optimizer (but a LossScaleOptimizer) in one.
+  x, y = data(seed=18, rows=64)
+  reference = mlp(OPTIMIZERS[optimizer]())
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                           verbose=0).history
+  model = mlp(OPTIMIZERS[optimizer]())
+  assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer) == (
+      mixed_policy == "mixed_float16" or optimizer.startswith("given"))
+  history = keras_training.KerasTrainer(model).fit(
+      x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+  # float16 activations round differently in the devices' programs.
+  rtol, atol = {"float32": (1e-5, 1e-6),
+                "mixed_float16": (2e-2, 2e-3)}[mixed_policy]
+  assert_same_run(model, history, reference, expected, rtol=rtol, atol=atol)
+  for got, want in zip(model.optimizer.variables,
+                       reference.optimizer.variables):
+    np.testing.assert_allclose(np.asarray(got, np.float32),
+                               np.asarray(want, np.float32), rtol=rtol,
+                               atol=atol, err_msg=got.path)
+
+
 # --- what KerasTrainer does not run -----------------------------------------
 
 
