@@ -95,6 +95,12 @@ def metrics_of_global_batch(model, axis_name, metrics, loss, output_losses,
   for variable, old in zip(model.metrics_variables, metrics):
     new = scope.get_current_value(variable)
     new_metrics.append(old if new is None else new)
+  # A metric whose result is one of its variables (TruePositives at a list
+  # of thresholds) returns the variable itself, which is read outside the
+  # scope: its value is the updated one.
+  updated = {id(variable): value
+             for variable, value in zip(model.metrics_variables, new_metrics)}
+  logs = {name: updated.get(id(value), value) for name, value in logs.items()}
   return new_metrics, logs
 
 

@@ -414,7 +414,7 @@ class KerasTrainer:
       self._devices_ahead = True
       step += steps
       # In sorted order, as Keras 3 reports them.
-      logs = {name: float(np.asarray(value)[0, -1])
+      logs = {name: _log_value(np.asarray(value)[0, -1])
               for name, value in sorted(step_logs.items())}
       callback_list.on_train_batch_end(step - 1, logs)
       if self.model.stop_training:
@@ -484,7 +484,7 @@ class KerasTrainer:
     for step, batch in enumerate(batches):
       callback_list.on_test_batch_begin(step)
       metrics, logs = self._test_call(trainable, non_trainable, metrics, batch)
-      logs = {name: float(np.asarray(value))
+      logs = {name: _log_value(value)
               for name, value in sorted(logs.items())}
       callback_list.on_test_batch_end(step, logs)
     callback_list.on_test_end(logs)
@@ -606,6 +606,12 @@ class KerasTrainer:
     return _keras_step.metrics_of_global_batch(
         self.model, self.axis_name, metrics, loss, output_losses, x, y,
         y_pred, sample_weight, rows)
+
+
+def _log_value(value):
+  """A metric's result as Keras logs it: a float, or an array if not scalar."""
+  array = np.asarray(value)
+  return float(array) if array.ndim == 0 else array
 
 
 def _validates_after(epoch, validation_freq):

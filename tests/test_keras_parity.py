@@ -1,8 +1,8 @@
 """adapters.keras_training: what `model.fit` users reach for, against Keras.
 
 Validation data and splits, class weights, shuffling, `predict`,
-`evaluate`'s return values, the losses of a model with several outputs and
-mixed precision policies: each compared with
+`evaluate`'s return values, the losses of a model with several outputs,
+metrics, optimizer options and mixed precision policies: each compared with
 `model.fit` / `model.evaluate` / `model.predict` of an identically
 initialised copy of the model on one device, with the same data in the same
 order.
@@ -358,6 +358,72 @@ def test_evaluate_of_two_outputs_returns_what_keras_evaluate_returns(
       by_name["loss"], np.average(0.5 * np.asarray(score) +
                                   2.0 * np.asarray(probs), weights=rows),
       rtol=1e-5)
+
+
+# --- metrics ----------------------------------------------------------------
+
+METRICS = {
+    "auc": lambda: keras.metrics.AUC(),
+    "auc_pr": lambda: keras.metrics.AUC(curve="PR", num_thresholds=50),
+    "auc_multi_label": lambda: keras.metrics.AUC(multi_label=True,
+                                                 num_labels=CLASSES),
+    "f1_score_per_class": lambda: keras.metrics.F1Score(),
+    "fbeta_score_macro": lambda: keras.metrics.FBetaScore(average="macro",
+                                                          beta=2.0),
+    "precision_at_recall": lambda: keras.metrics.PrecisionAtRecall(0.5),
+    "recall_at_precision": lambda: keras.metrics.RecallAtPrecision(0.5),
+    "sensitivity_at_specificity": lambda: (
+        keras.metrics.SensitivityAtSpecificity(0.5)),
+    "top_2_accuracy": lambda: keras.metrics.TopKCategoricalAccuracy(k=2),
+    "recall_top_1": lambda: keras.metrics.Recall(top_k=1),
+    "r2_score": lambda: keras.metrics.R2Score(),
+    "mean_iou": pytest.param(
+        lambda: keras.metrics.OneHotMeanIoU(num_classes=CLASSES),
+        marks=pytest.mark.xfail(
+            strict=True, raises=tf.errors.InvalidArgumentError,
+            reason="DTensor's expansion of a ScatterNd of int64 indices "
+                   "(Keras' confusion matrix) fails")),
+    "true_positives_at_2_thresholds": lambda: keras.metrics.TruePositives(
+        thresholds=[0.2, 0.5]),
+}
+
+
+def model_with_metric(metric):
+  keras.backend.clear_session()  # the same metric names in both models
+  keras.utils.set_random_seed(4)
+  model = keras.Sequential([keras.Input((FEATURES,)),
+                            keras.layers.Dense(CLASSES, activation="softmax")])
+  model.compile(optimizer=keras.optimizers.SGD(0.1),
+                loss="categorical_crossentropy", metrics=[metric()])
+  return model
+
+
+@pytest.mark.parametrize("metric", METRICS.values(), ids=list(METRICS))
+def test_metric_in_fit_and_evaluate_as_keras(metric):
+  # 60 rows in batches of 20, each padded to 24 on 8 devices.
+  x, labels = data(seed=19, rows=60)
+  y = np.eye(CLASSES, dtype=np.float32)[labels]
+  arguments = dict(batch_size=20, epochs=2, shuffle=False, verbose=0)
+  reference = model_with_metric(metric)
+  expected = reference.fit(x, y, **arguments).history
+  expected_evaluation = reference.evaluate(x, y, batch_size=20, verbose=0,
+                                           return_dict=True)
+  model = model_with_metric(metric)
+  trainer = keras_training.KerasTrainer(model)
+  history = trainer.fit(x, y, remainder="pad", **arguments).history
+  evaluation = trainer.evaluate(x, y, batch_size=20, remainder="pad",
+                                return_dict=True)
+  assert list(history) == list(expected) and len(expected) == 2
+  for name in expected:
+    for got, want in zip(history[name], expected[name]):
+      assert np.shape(got) == np.shape(want)
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6,
+                                 err_msg=name)
+  assert list(evaluation) == list(expected_evaluation)
+  for name, want in expected_evaluation.items():
+    assert type(evaluation[name]) is type(want)
+    np.testing.assert_allclose(evaluation[name], want, rtol=1e-5, atol=1e-6,
+                               err_msg=name)
 
 
 # --- mixed precision --------------------------------------------------------
