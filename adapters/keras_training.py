@@ -19,7 +19,8 @@
   `stateless_apply`;
 - the compiled metrics and the reported loss are updated once per step on
   the whole global batch (predictions `all_gather`-ed from the devices), so
-  they equal `fit`'s;
+  they equal `fit`'s, and so does the loss of each output of a model with
+  several outputs ('<output>_loss', the mean of the devices' losses);
 - `model.compile(steps_per_execution=K)` runs K steps per pmap call
   (`pmap(..., steps=K)`), as it runs K steps per call in `fit`;
 - with `remainder='pad'`, a batch that does not divide by the devices is
@@ -35,7 +36,11 @@
   forward pass split over the devices, returning `model.predict`'s arrays;
 - under a `mixed_float16` policy the `LossScaleOptimizer` Keras wraps the
   optimizer in scales the loss and skips steps whose gradients overflow, as
-  in `fit`; `mixed_bfloat16` needs no scaling.
+  in `fit`; `mixed_bfloat16` needs no scaling;
+- the optimizer's options are `fit`'s: weight decay, gradient clipping,
+  `gradient_accumulation_steps`, and `use_ema` (with
+  `ema_overwrite_frequency`), whose moving averages become the model's
+  weights at the end of `fit`.
 
 With the default loss reduction (the mean over the batch), the mean of the
 devices' gradients is the gradient of the global batch, so the training is
@@ -438,7 +443,8 @@ class KerasTrainer:
   def evaluate(
       self, x: Any, y: Any = None, *, batch_size: int | None = None,
       sample_weight: Any = None, return_dict: bool = False,
-      remainder: str = "error") -> float | list[float] | dict[str, float]:
+      remainder: str = "error"
+  ) -> float | list[float | np.ndarray] | dict[str, float | np.ndarray]:
     """The compiled loss and metrics of the model on some data.
 
     The model's current variables are used (those `fit` trained, or any the
@@ -452,9 +458,12 @@ class KerasTrainer:
 
     Returns:
       What `model.evaluate` returns: the loss alone (a float) for a model
-      compiled without metrics, else a list of floats, the loss first and
-      then the compiled metrics in order; with `return_dict`, a dict from
-      metric name ('loss' and the compiled metrics) to a float.
+      compiled without metrics, else a list of floats, the loss first, then
+      each output's loss for a model with several outputs, then the
+      compiled metrics in order; with `return_dict`, a dict from metric
+      name ('loss', '<output>_loss' and the compiled metrics) to a float. A
+      metric whose result is not a scalar (F1Score per class) gives a NumPy
+      array instead of a float.
     """
     _keras_inputs.check_step_override(self.model, "test_step", "evaluate")
     dataset = _keras_inputs.global_batches(x, y, sample_weight, batch_size,
