@@ -8,14 +8,16 @@ TensorFlow backend:
     (`Trainer._symbolic_build`);
   - the loss tracker `fit` reports as 'loss' (`Trainer._loss_tracker`) and
     the forward pass's losses handed to `compute_loss`
-    (`Layer._losses_override`), as Keras' JAX trainer does;
+    (`Layer._losses_override`), as Keras' JAX trainer does, and the loss of
+    each output, which the compiled loss (`Trainer._compile_loss`) hands its
+    trackers;
   - `optimizer.stateless_apply`, which the TensorFlow backend's optimizer
     refuses (it would break `tf.distribute`): `stateless_optimizer` gives the
     optimizer the backend-neutral methods of `BaseOptimizer` while a step
     traces.
 Also here: the optimizer's learning-rate variable, whether a loss or
-metrics were compiled, and BatchNormalization's batch moments with padding
-rows left out.
+metrics were compiled, and BatchNormalization's batch moments, recorded
+with padding rows left out.
 Any Keras that keeps these names where the tested versions
 (`TESTED_KERAS_VERSIONS`, rerun with tests/keras_versions.sh) keep them is
 accepted. One that moved a name is an ImportError naming it and the installed
@@ -50,7 +52,9 @@ PRIVATE_CLASSES = (
      ("train_step", "test_step", "predict_step", "_symbolic_build",
       "_flatten_metrics_in_order")),
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer",
-     _BASE_OPTIMIZER_METHODS + ("_var_key",)),
+     _BASE_OPTIMIZER_METHODS + (
+         "_var_key", "_backend_apply_gradients", "_get_variable_index",
+         "_clip_gradients", "_update_model_variables_moving_average")),
     ("keras.src.trainers.compile_utils", "CompileMetrics", ("_flatten_y",)),
     ("keras.layers", "Layer", ("_flatten_layers",)),
     ("keras.layers", "BatchNormalization", ("_moments",)),
@@ -205,6 +209,41 @@ def forward_losses(model, losses):
     model._losses_override = []  # pylint: disable=protected-access
 
 
+@contextlib.contextmanager
+def recorded_output_losses(model):
+  """Records the loss of each output the compiled loss computes.
+
+  For a model with several outputs, Keras' compiled loss updates a `Mean`
+  tracker per output ('<output>_loss' in the logs) with that output's
+  unweighted loss, inside `compute_loss`. A device's tracker would hold its
+  own rows' loss only, so the values are recorded here for the trainer to
+  update the trackers once per step with their mean over the devices.
+
+  Args:
+    model: A compiled Keras model.
+
+  Yields:
+    A list that `compute_loss`, run inside, fills with `(tracker, loss)`
+    pairs in the order the trackers are updated.
+  """
+  compiled = model._compile_loss  # pylint: disable=protected-access
+  trackers = [] if compiled is None else list(compiled.metrics)
+  recorded = []
+  for tracker in trackers:
+
+    def update_state(values, sample_weight=None, tracker=tracker,
+                     update=tracker.update_state):
+      recorded.append((tracker, values))
+      return update(values, sample_weight=sample_weight)
+
+    object.__setattr__(tracker, "update_state", update_state)
+  try:
+    yield recorded
+  finally:
+    for tracker in trackers:
+      object.__delattr__(tracker, "update_state")
+
+
 def inner_optimizer(optimizer):
   """The optimizer that updates the weights: a LossScaleOptimizer's inner one.
 
@@ -224,7 +263,8 @@ def stateless_optimizer(optimizer):
   Inside, the optimizer has `BaseOptimizer`'s methods for the names above,
   and a `_var_key` that finds each model variable's slot by the key the
   optimizer was built with (the TensorFlow key reads `variable.value`,
-  which inside a StatelessScope is a tensor without one). A
+  which inside a StatelessScope is a tensor without one), and applies
+  gradients without Keras' branches (`_apply_gradients_without_branches`). A
   `LossScaleOptimizer` keeps its own `stateless_apply` (its `apply` goes
   through `tf.distribute`); the optimizer it wraps gets the methods.
   """
@@ -243,6 +283,8 @@ def stateless_optimizer(optimizer):
   patched = {name: types.MethodType(getattr(BaseOptimizer, name), optimizer)
              for name in _BASE_OPTIMIZER_METHODS}
   patched["_var_key"] = var_key
+  patched["_backend_apply_gradients"] = types.MethodType(
+      _apply_gradients_without_branches, optimizer)
   for name, method in patched.items():
     object.__setattr__(optimizer, name, method)
   try:
@@ -250,6 +292,67 @@ def stateless_optimizer(optimizer):
   finally:
     for name in patched:
       object.__delattr__(optimizer, name)
+
+
+def _apply_gradients_without_branches(optimizer, grads, trainable_variables):
+  """`BaseOptimizer._backend_apply_gradients`, selecting instead of branching.
+
+  Keras' own branches (`ops.cond`) on whether a step applies the
+  accumulated gradients (`gradient_accumulation_steps`) and whether it
+  overwrites the weights by their moving averages (`ema_overwrite_frequency`);
+  in a StatelessScope a value one branch assigns would be read outside it.
+  As Keras' JAX optimizer does, both outcomes are computed and the step's
+  values selected.
+
+  Args:
+    optimizer: The optimizer (not a LossScaleOptimizer) applying `grads`.
+    grads: The gradients, one per trainable variable.
+    trainable_variables: The variables to update.
+  """
+  steps = optimizer.gradient_accumulation_steps
+  if steps:
+    is_update_step = (optimizer._iterations + 1) % steps == 0  # pylint: disable=protected-access
+    accumulators = [
+        optimizer._accumulated_gradients[optimizer._get_variable_index(v)]  # pylint: disable=protected-access
+        for v in trainable_variables]
+    before = [(v, v.value) for v in
+              list(trainable_variables) + list(optimizer.variables)]
+    accumulated = [_select(is_update_step, tf.zeros_like(a.value),
+                           g + a.value)
+                   for g, a in zip(grads, accumulators)]
+    grads = [_select(is_update_step, (g + a.value) / steps, g)
+             for g, a in zip(grads, accumulators)]
+  grads = optimizer._clip_gradients(grads)  # pylint: disable=protected-access
+  optimizer._apply_weight_decay(trainable_variables)  # pylint: disable=protected-access
+  optimizer._backend_update_step(grads, trainable_variables,  # pylint: disable=protected-access
+                                 optimizer.learning_rate)
+  if steps:
+    for variable, value in before:
+      variable.assign(_select(is_update_step, variable.value, value))
+    for accumulator, value in zip(accumulators, accumulated):
+      accumulator.assign(value)
+  if optimizer.use_ema:
+    optimizer._update_model_variables_moving_average(  # pylint: disable=protected-access
+        optimizer._trainable_variables)  # pylint: disable=protected-access
+    if optimizer.ema_overwrite_frequency:
+      overwrite = (optimizer.iterations + 1) % (
+          optimizer.ema_overwrite_frequency) == 0
+      for variable, average in zip(
+          optimizer._trainable_variables,  # pylint: disable=protected-access
+          optimizer._model_variables_moving_average):  # pylint: disable=protected-access
+        if average is not None:
+          variable.assign(_select(overwrite, average.value, variable.value))
+
+
+def _select(condition, if_true, if_false):
+  """`tf.where` of a scalar condition, broadcast to the values' shape.
+
+  DTensor (TF 2.21) crashes on a `SelectV2` whose condition is a scalar
+  and whose values are not.
+  """
+  if_true = tf.convert_to_tensor(if_true)
+  return tf.where(tf.broadcast_to(condition, tf.shape(if_true)), if_true,
+                  if_false)
 
 
 def learning_rate_variable(optimizer):
@@ -266,42 +369,53 @@ def compiled_users_of_targets(model):
 
 
 @contextlib.contextmanager
-def batch_norm_row_weights(model, rows):
-  """Leaves rows of weight 0 out of every BatchNormalization's batch moments.
+def batch_norm_moments(model, rows):
+  """Records every BatchNormalization's batch moments, weighing rows by `rows`.
 
   Keras' BatchNormalization takes a mask only through Keras' mask
   propagation (shaped like the inputs less the feature axis, and refused
   for some layers), so padding rows are left out by giving each layer a
   `_moments` that weights the rows: the layer's own `mask`, if any, times
-  `rows` along the batch axis.
+  `rows` along the batch axis. The moments it returns are recorded, with
+  the count of rows they cover, for the trainer to pool over the devices.
 
   Args:
     model: The Keras model whose layers to change while inside.
     rows: A float tensor of shape `(batch,)`: 1 for a real row, 0 for a
-      padding row.
+      padding row; or None for a batch without padding.
+
+  Yields:
+    A list that each training-mode call of a BatchNormalization inside
+    appends `(layer, count, mean, variance)` to, the last three per
+    feature.
   """
   layers = [layer for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
             if isinstance(layer, keras.layers.BatchNormalization)]
+  recorded = []
   for layer in layers:
     object.__setattr__(layer, "_moments", functools.partial(
-        _row_weighted_moments, layer, rows))
+        _row_weighted_moments, layer, rows, recorded))
   try:
-    yield
+    yield recorded
   finally:
     for layer in layers:
       object.__delattr__(layer, "_moments")
 
 
-def _row_weighted_moments(layer, rows, inputs, mask):
+def _row_weighted_moments(layer, rows, recorded, inputs, mask):
   """Mean and variance over `layer`'s reduction axes, rows weighted by `rows`."""
   rank = inputs.shape.rank
-  if inputs.shape[0] is not None and inputs.shape[0] != rows.shape[0]:
-    raise ValueError(
-        f"KerasTrainer(remainder='pad'): the BatchNormalization {layer.name!r} "
-        f"gets {inputs.shape[0]} rows where the batch has {rows.shape[0]}, so "
-        f"it cannot leave the padding rows out of its batch statistics. Use "
-        f"batches that divide by the devices (remainder='error').")
-  weights = tf.reshape(tf.cast(rows, inputs.dtype), [-1] + [1] * (rank - 1))
+  if rows is None:
+    weights = tf.ones([tf.shape(inputs)[0]] + [1] * (rank - 1), inputs.dtype)
+  else:
+    if inputs.shape[0] is not None and inputs.shape[0] != rows.shape[0]:
+      raise ValueError(
+          f"KerasTrainer(remainder='pad'): the BatchNormalization "
+          f"{layer.name!r} gets {inputs.shape[0]} rows where the batch has "
+          f"{rows.shape[0]}, so it cannot leave the padding rows out of its "
+          f"batch statistics. Use batches that divide by the devices "
+          f"(remainder='error').")
+    weights = tf.reshape(tf.cast(rows, inputs.dtype), [-1] + [1] * (rank - 1))
   if mask is not None:
     weights = weights * tf.expand_dims(tf.cast(mask, inputs.dtype), -1)
   weights = tf.broadcast_to(weights, tf.shape(inputs))
@@ -313,7 +427,10 @@ def _row_weighted_moments(layer, rows, inputs, mask):
   squares = tf.math.squared_difference(inputs, tf.stop_gradient(mean))
   variance = tf.math.divide_no_nan(
       tf.reduce_sum(weights * squares, axes, keepdims=True), count)
-  return tf.squeeze(mean, axes), tf.squeeze(variance, axes)
+  count, mean, variance = (tf.squeeze(t, axes) for t in (count, mean,
+                                                         variance))
+  recorded.append((layer, count, mean, variance))
+  return mean, variance
 
 
 def compute_metrics_of_rows(model, y, y_pred, sample_weight, rows):

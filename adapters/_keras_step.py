@@ -27,24 +27,27 @@ def compiled_loss(model, trainable, non_trainable, metrics, x, y,
     training: Whether the model is called in training mode.
 
   Returns:
-    `(loss, y_pred, non_trainable)`: the loss, the predictions and the
-    non-trainable values the forward pass updated.
+    `(loss, y_pred, non_trainable, output_losses)`: the loss, the
+    predictions, the non-trainable values the forward pass updated, and
+    for a model with several outputs the `(tracker, loss)` pair of each
+    output's loss (`_keras_internal.recorded_output_losses`).
   """
   kwargs = {}
   if _keras_internal.call_has_training_arg(model):
     kwargs["training"] = training
   y_pred, non_trainable, losses = model.stateless_call(
       trainable, non_trainable, x, return_losses=True, **kwargs)
-  with _keras_internal.forward_losses(model, losses):
+  with _keras_internal.forward_losses(model, losses), (
+      _keras_internal.recorded_output_losses(model)) as output_losses:
     loss, (_, non_trainable, _) = model.stateless_compute_loss(
         trainable, non_trainable, metrics, x=x, y=y, y_pred=y_pred,
         sample_weight=sample_weight, training=training)
-  return loss, y_pred, non_trainable
+  return loss, y_pred, non_trainable, output_losses
 
 
-def metrics_of_global_batch(model, axis_name, metrics, loss, x, y, y_pred,
-                            sample_weight, rows):
-  """The loss tracker and compiled metrics, updated on the global batch.
+def metrics_of_global_batch(model, axis_name, metrics, loss, output_losses,
+                            x, y, y_pred, sample_weight, rows):
+  """The loss trackers and compiled metrics, updated on the global batch.
 
   Padding rows (`rows` 0) weigh nothing: the metrics see the global batch
   as the dataset gave it.
@@ -54,6 +57,8 @@ def metrics_of_global_batch(model, axis_name, metrics, loss, x, y, y_pred,
     axis_name: The pmap axis the batch is split over.
     metrics: The values of the model's metrics variables before the update.
     loss: This device's loss.
+    output_losses: This device's `(tracker, loss)` pair of each output's
+      loss, from `compiled_loss`.
     x, y, y_pred, sample_weight, rows: This device's rows of the batch, its
       predictions and its row mask (None for an unpadded batch).
 
@@ -74,6 +79,12 @@ def metrics_of_global_batch(model, axis_name, metrics, loss, x, y, y_pred,
       state_mapping=list(zip(model.metrics_variables, metrics))) as scope:
     _keras_internal.loss_tracker(model).update_state(
         lax.pmean(loss, axis_name), sample_weight=size)
+    # Keras weighs each output's loss by the batch's static size, which its
+    # TensorFlow trainer traces as unknown (batches of arrays or of a
+    # dataset that keeps a short last batch): each batch then weighs 1, a
+    # short last batch included, and so it does here.
+    for tracker, output_loss in output_losses:
+      tracker.update_state(lax.pmean(output_loss, axis_name))
     if rows is None:
       logs = model.compute_metrics(x_all, y_all, y_pred_all,
                                    sample_weight=weight_all)
@@ -84,6 +95,12 @@ def metrics_of_global_batch(model, axis_name, metrics, loss, x, y, y_pred,
   for variable, old in zip(model.metrics_variables, metrics):
     new = scope.get_current_value(variable)
     new_metrics.append(old if new is None else new)
+  # A metric whose result is one of its variables (TruePositives at a list
+  # of thresholds) returns the variable itself, which is read outside the
+  # scope: its value is the updated one.
+  updated = {id(variable): value
+             for variable, value in zip(model.metrics_variables, new_metrics)}
+  logs = {name: updated.get(id(value), value) for name, value in logs.items()}
   return new_metrics, logs
 
 

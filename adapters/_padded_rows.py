@@ -5,18 +5,15 @@ padded, and each device's batch carries `rows`, a float mask of shape
 `(batch,)`: 1 for a row of the dataset, 0 for a padding row (None when the
 batches are not padded). A step cannot drop the padding rows (shapes are
 static on the devices), so these functions weigh them out instead: of the
-loss and the gradients, of BatchNormalization's batch statistics, and of the
-non-trainable values the devices average. (The compiled metrics weigh them
-out through `_keras_internal.compute_metrics_of_rows`.)
+loss and the gradients, and of the non-trainable values the devices
+average. (The compiled metrics weigh them out through
+`_keras_internal.compute_metrics_of_rows`, BatchNormalization's batch
+statistics through `_keras_internal.batch_norm_moments`.)
 """
-
-import contextlib
 
 import tensorflow as tf
 
 from tfspmd import lax
-
-from . import _keras_internal
 
 
 def sample_weights_for_loss(sample_weight, rows, axis_name):
@@ -54,30 +51,20 @@ def sample_weights_for_loss(sample_weight, rows, axis_name):
   return tf.nest.map_structure(weighted, sample_weight)
 
 
-def batch_norm_without_padding(model, rows):
-  """A context in which `model`'s BatchNormalizations leave padding out.
-
-  Args:
-    model: The Keras model the step runs.
-    rows: This device's row mask, or None (then nothing changes).
-  """
-  if rows is None:
-    return contextlib.nullcontext()
-  return _keras_internal.batch_norm_row_weights(model, rows)
-
-
-def averaged_non_trainable(old_values, new_values, rows, axis_name):
+def averaged_non_trainable(old_values, new_values, rows, axis_name,
+                           replicated=frozenset()):
   """The non-trainable floats a step updated, averaged over the devices.
 
   Each device's value weighs as many of its rows as are real, so a device
-  holding only padding rows counts for nothing, and BatchNormalization's
-  moving mean is that of the real rows of the global batch.
+  holding only padding rows counts for nothing.
 
   Args:
     old_values: The non-trainable values the step started from.
     new_values: This device's values after the step, in the same order.
     rows: This device's row mask, or None (then a plain mean).
     axis_name: The pmap axis to average over.
+    replicated: The positions of values that are the same on every device
+      already (BatchNormalization's moving statistics): left as they are.
 
   Returns:
     `new_values`, each float the step changed averaged over the devices.
@@ -90,5 +77,6 @@ def averaged_non_trainable(old_values, new_values, rows, axis_name):
     average = lambda value: lax.psum(
         value * tf.cast(count, value.dtype), axis_name) / tf.cast(
             total, value.dtype)
-  return [new if new is old or not new.dtype.is_floating else average(new)
-          for old, new in zip(old_values, new_values)]
+  return [new if new is old or k in replicated or not new.dtype.is_floating
+          else average(new)
+          for k, (old, new) in enumerate(zip(old_values, new_values))]

@@ -19,7 +19,8 @@
   `stateless_apply`;
 - the compiled metrics and the reported loss are updated once per step on
   the whole global batch (predictions `all_gather`-ed from the devices), so
-  they equal `fit`'s;
+  they equal `fit`'s, and so does the loss of each output of a model with
+  several outputs ('<output>_loss', the mean of the devices' losses);
 - `model.compile(steps_per_execution=K)` runs K steps per pmap call
   (`pmap(..., steps=K)`), as it runs K steps per call in `fit`;
 - with `remainder='pad'`, a batch that does not divide by the devices is
@@ -35,15 +36,23 @@
   forward pass split over the devices, returning `model.predict`'s arrays;
 - under a `mixed_float16` policy the `LossScaleOptimizer` Keras wraps the
   optimizer in scales the loss and skips steps whose gradients overflow, as
-  in `fit`; `mixed_bfloat16` needs no scaling.
+  in `fit`; `mixed_bfloat16` needs no scaling;
+- the optimizer's options are `fit`'s: weight decay, gradient clipping,
+  `gradient_accumulation_steps`, and `use_ema` (with
+  `ema_overwrite_frequency`), whose moving averages become the model's
+  weights at the end of `fit`.
 
 With the default loss reduction (the mean over the batch), the mean of the
 devices' gradients is the gradient of the global batch, so the training is
-`fit`'s up to float rounding. Non-trainable variables a step updates
-(BatchNormalization's moving statistics) are averaged over the devices,
-each weighted by its real rows: the moving mean is `fit`'s, the moving
-variance the mean of the devices' batch variances (not the global batch's
-variance, since each device normalizes by its own batch statistics).
+`fit`'s up to float rounding. BatchNormalization normalizes each device's
+rows by their own batch moments, as each replica of a `tf.distribute`
+strategy does, so a model with it trains as `fit` would on batches of a
+device's rows; its moving mean and variance, though, are `fit`'s: the
+devices' moments pooled into the mean and the variance of the global
+batch's real rows (a device with no real row weighs nothing). Give each
+device several rows: one row alone normalizes to the layer's offset.
+Other non-trainable variables a step updates are averaged over the
+devices, each weighted by its real rows.
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ import keras
 import tfspmd
 from tfspmd import lax
 
+from . import _batch_norm
 from . import _keras_inputs
 from . import _keras_internal
 from . import _keras_step
@@ -370,6 +380,10 @@ class KerasTrainer:
     finally:
       if stream is not None:
         stream.close()
+    if epochs > 0:
+      # As fit does: an optimizer with `use_ema` gives the model the moving
+      # averages of its weights.
+      model.optimizer.finalize_variable_values(model.trainable_weights)
     callback_list.on_train_end(logs)
     return model.history
 
@@ -405,7 +419,7 @@ class KerasTrainer:
       self._devices_ahead = True
       step += steps
       # In sorted order, as Keras 3 reports them.
-      logs = {name: float(np.asarray(value)[0, -1])
+      logs = {name: _log_value(np.asarray(value)[0, -1])
               for name, value in sorted(step_logs.items())}
       callback_list.on_train_batch_end(step - 1, logs)
       if self.model.stop_training:
@@ -429,7 +443,8 @@ class KerasTrainer:
   def evaluate(
       self, x: Any, y: Any = None, *, batch_size: int | None = None,
       sample_weight: Any = None, return_dict: bool = False,
-      remainder: str = "error") -> float | list[float] | dict[str, float]:
+      remainder: str = "error"
+  ) -> float | list[float | np.ndarray] | dict[str, float | np.ndarray]:
     """The compiled loss and metrics of the model on some data.
 
     The model's current variables are used (those `fit` trained, or any the
@@ -443,9 +458,12 @@ class KerasTrainer:
 
     Returns:
       What `model.evaluate` returns: the loss alone (a float) for a model
-      compiled without metrics, else a list of floats, the loss first and
-      then the compiled metrics in order; with `return_dict`, a dict from
-      metric name ('loss' and the compiled metrics) to a float.
+      compiled without metrics, else a list of floats, the loss first, then
+      each output's loss for a model with several outputs, then the
+      compiled metrics in order; with `return_dict`, a dict from metric
+      name ('loss', '<output>_loss' and the compiled metrics) to a float. A
+      metric whose result is not a scalar (F1Score per class) gives a NumPy
+      array instead of a float.
     """
     _keras_inputs.check_step_override(self.model, "test_step", "evaluate")
     dataset = _keras_inputs.global_batches(x, y, sample_weight, batch_size,
@@ -475,7 +493,7 @@ class KerasTrainer:
     for step, batch in enumerate(batches):
       callback_list.on_test_batch_begin(step)
       metrics, logs = self._test_call(trainable, non_trainable, metrics, batch)
-      logs = {name: float(np.asarray(value))
+      logs = {name: _log_value(value)
               for name, value in sorted(logs.items())}
       callback_list.on_test_batch_end(step, logs)
     callback_list.on_test_end(logs)
@@ -543,13 +561,14 @@ class KerasTrainer:
     seeds = _keras_internal.seed_state_positions(model)
     with tf.GradientTape() as tape:
       tape.watch(trainable)
-      with _padded_rows.batch_norm_without_padding(model, rows):
+      with _batch_norm.recorded_moments(model, rows) as moments:
         seeded = _keras_step.per_device_seeds(non_trainable, seeds, 1,
                                               self.axis_name)
-        loss, y_pred, new_non_trainable = _keras_step.compiled_loss(
-            model, trainable, seeded, metrics, x, y,
-            _padded_rows.sample_weights_for_loss(sample_weight, rows,
-                                                 self.axis_name), True)
+        loss, y_pred, new_non_trainable, output_losses = (
+            _keras_step.compiled_loss(
+                model, trainable, seeded, metrics, x, y,
+                _padded_rows.sample_weights_for_loss(sample_weight, rows,
+                                                     self.axis_name), True))
       with keras.StatelessScope(
           state_mapping=list(zip(optimizer.variables, optimizer_values))):
         scaled_loss = optimizer.scale_loss(loss)
@@ -568,11 +587,13 @@ class KerasTrainer:
     with _keras_internal.stateless_optimizer(optimizer):
       trainable, optimizer_values = optimizer.stateless_apply(
           optimizer_values, grads, trainable)
+    new_non_trainable, pooled = _batch_norm.moving_statistics_of_global_batch(
+        model, non_trainable, new_non_trainable, moments, self.axis_name)
     non_trainable = _padded_rows.averaged_non_trainable(
-        non_trainable, new_non_trainable, rows, self.axis_name)
+        non_trainable, new_non_trainable, rows, self.axis_name, pooled)
     metrics, logs = _keras_step.metrics_of_global_batch(
-        model, self.axis_name, metrics, loss, x, y, y_pred, sample_weight,
-        rows)
+        model, self.axis_name, metrics, loss, output_losses, x, y, y_pred,
+        sample_weight, rows)
     return (trainable, non_trainable, optimizer_values, metrics), logs
 
   def _predict_step(self, trainable, non_trainable, batch):
@@ -587,13 +608,19 @@ class KerasTrainer:
   def _test_step(self, trainable, non_trainable, metrics, batch):
     """One device's evaluation step: the metrics updated by its rows."""
     x, y, sample_weight, rows = _step_batches.unpack(batch)
-    loss, y_pred, _ = _keras_step.compiled_loss(
+    loss, y_pred, _, output_losses = _keras_step.compiled_loss(
         self.model, trainable, non_trainable, metrics, x, y,
         _padded_rows.sample_weights_for_loss(sample_weight, rows,
                                              self.axis_name), False)
     return _keras_step.metrics_of_global_batch(
-        self.model, self.axis_name, metrics, loss, x, y, y_pred,
-        sample_weight, rows)
+        self.model, self.axis_name, metrics, loss, output_losses, x, y,
+        y_pred, sample_weight, rows)
+
+
+def _log_value(value):
+  """A metric's result as Keras logs it: a float, or an array if not scalar."""
+  array = np.asarray(value)
+  return float(array) if array.ndim == 0 else array
 
 
 def _validates_after(epoch, validation_freq):

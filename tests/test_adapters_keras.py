@@ -135,19 +135,27 @@ def test_callbacks_see_the_trained_model_at_each_epoch_end():
   np.testing.assert_array_equal(seen[1][2], np.asarray(trainer.state[0][0]))
 
 
-def test_batch_norm_moving_statistics_are_averaged_over_devices():
+def test_batch_norm_moving_statistics_are_those_of_the_global_batch():
+  # Each device normalizes its 4 rows by their own moments; the moving
+  # statistics are those of the 32 rows, as in model.fit (not the mean of
+  # the devices' variances, which leaves out the spread of their means).
   x, y = data(seed=4)
+  x = x[:BATCH] * 2 + 5
+  reference = batch_norm_model()
+  reference.fit(x, y[:BATCH], batch_size=BATCH, epochs=1, shuffle=False,
+                verbose=0)
   model = batch_norm_model()
-  keras_training.KerasTrainer(model).fit(x[:BATCH], y[:BATCH],
-                                         batch_size=BATCH, epochs=1,
-                                         shuffle=False, verbose=0)
-  per_device = x[:BATCH].reshape(8, BATCH // 8, FEATURES)
+  keras_training.KerasTrainer(model).fit(x, y[:BATCH], batch_size=BATCH,
+                                         epochs=1, shuffle=False, verbose=0)
   layer = model.layers[0]
-  np.testing.assert_allclose(layer.moving_mean,
-                             0.1 * per_device.mean(1).mean(0), rtol=1e-5,
-                             atol=1e-7)
-  np.testing.assert_allclose(layer.moving_variance,
-                             0.9 + 0.1 * per_device.var(1).mean(0), rtol=1e-5)
+  np.testing.assert_allclose(layer.moving_mean, 0.1 * x.mean(0), rtol=1e-5)
+  np.testing.assert_allclose(layer.moving_variance, 0.9 + 0.1 * x.var(0),
+                             rtol=1e-5)
+  assert not np.allclose(
+      x.var(0), x.reshape(8, BATCH // 8, FEATURES).var(1).mean(0), rtol=0.05)
+  for name in ("moving_mean", "moving_variance"):
+    np.testing.assert_allclose(getattr(layer, name),
+                               getattr(reference.layers[0], name), rtol=1e-5)
 
 
 def test_an_uncompiled_model_is_an_error():
@@ -423,28 +431,31 @@ def batch_norm_model():
   return model
 
 
-def test_padding_rows_are_left_out_of_batch_norm_statistics():
+@pytest.mark.parametrize("rows, epochs", [(20, 1), (5, 3)])
+def test_padding_rows_are_left_out_of_batch_norm_statistics(rows, epochs):
   # 20 rows on 8 devices: 3 per device, device 6 has 2 real rows and
-  # device 7 none. The moving mean is that of the 20 rows, as in model.fit;
-  # the moving variance averages the devices' variances of their real rows,
-  # weighted by how many they hold (model.fit takes the variance of the
-  # whole batch instead, which no per-device BatchNormalization has).
+  # device 7 none. 5 rows: one per device, devices 5 to 7 none. The moving
+  # statistics are those of the real rows of the batch, as in model.fit.
   x, y = data(seed=4)
-  x = x[:20] * 2 + 5
-  y = y[:20]
+  x = x[:rows] * 2 + 5
+  y = y[:rows]
   reference = batch_norm_model()
-  reference.fit(x, y, batch_size=20, epochs=1, shuffle=False, verbose=0)
+  reference.fit(x, y, batch_size=rows, epochs=epochs, shuffle=False,
+                verbose=0)
   model = batch_norm_model()
-  keras_training.KerasTrainer(model).fit(x, y, batch_size=20, epochs=1,
-                                         shuffle=False, verbose=0,
-                                         remainder="pad")
+  keras_training.KerasTrainer(model).fit(x, y, batch_size=rows,
+                                         epochs=epochs, shuffle=False,
+                                         verbose=0, remainder="pad")
+  mean, variance = np.zeros(FEATURES), np.ones(FEATURES)
+  for _ in range(epochs):  # momentum 0.9
+    mean = 0.9 * mean + 0.1 * x.mean(0)
+    variance = 0.9 * variance + 0.1 * x.var(0)
   layer = model.layers[0]
-  np.testing.assert_allclose(layer.moving_mean,
-                             reference.layers[0].moving_mean, rtol=1e-5)
-  blocks = [x[k:k + 3] for k in range(0, 20, 3)]
-  variance = sum(len(b) * b.var(0) for b in blocks) / 20
-  np.testing.assert_allclose(layer.moving_variance, 0.9 + 0.1 * variance,
-                             rtol=1e-5)
+  np.testing.assert_allclose(layer.moving_mean, mean, rtol=1e-5)
+  np.testing.assert_allclose(layer.moving_variance, variance, rtol=1e-5)
+  for name in ("moving_mean", "moving_variance"):
+    np.testing.assert_allclose(getattr(layer, name),
+                               getattr(reference.layers[0], name), rtol=1e-5)
 
 
 # --- what a model without targets, and bad batches, get --------------------

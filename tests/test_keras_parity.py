@@ -1,7 +1,8 @@
 """adapters.keras_training: what `model.fit` users reach for, against Keras.
 
 Validation data and splits, class weights, shuffling, `predict`,
-`evaluate`'s return values and mixed precision policies: each compared with
+`evaluate`'s return values, the losses of a model with several outputs,
+metrics, optimizer options and mixed precision policies: each compared with
 `model.fit` / `model.evaluate` / `model.predict` of an identically
 initialised copy of the model on one device, with the same data in the same
 order.
@@ -272,6 +273,159 @@ def test_predict_after_fit_uses_the_trained_weights():
                              rtol=1e-5, atol=1e-6)
 
 
+# --- several outputs ---------------------------------------------------------
+
+
+def two_output_model():
+  keras.utils.set_random_seed(3)
+  inputs = keras.Input((FEATURES,))
+  hidden = keras.layers.Dense(4, activation="tanh")(inputs)
+  model = keras.Model(inputs, {
+      "score": keras.layers.Dense(1, name="score")(hidden),
+      "probs": keras.layers.Dense(CLASSES, activation="softmax",
+                                  name="probs")(hidden)})
+  model.compile(optimizer=keras.optimizers.SGD(0.1),
+                loss={"score": "mse", "probs": "categorical_crossentropy"},
+                loss_weights={"score": 0.5, "probs": 2.0},
+                metrics={"score": ["mae"], "probs": ["accuracy"]})
+  return model
+
+
+def two_output_data(seed, rows):
+  x, y = data(seed=seed, rows=rows)
+  return x, {"score": x[:, :1] - 2 * x[:, 1:2],
+             "probs": np.eye(CLASSES, dtype=np.float32)[y]}
+
+
+@pytest.mark.parametrize("batch, remainder", [(BATCH, "error"), (20, "pad")])
+def test_two_outputs_report_each_outputs_loss_as_keras_fit(batch, remainder):
+  # 60 rows in batches of 20 (padded to 24 on 8 devices) or of 16.
+  x, y = two_output_data(seed=15, rows=60 if remainder == "pad" else 64)
+  x_val, y_val = two_output_data(seed=16, rows=32)
+  arguments = dict(batch_size=batch, epochs=2, shuffle=False, verbose=0,
+                   validation_data=(x_val, y_val))
+  reference = two_output_model()
+  expected = reference.fit(x, y, **arguments).history
+  model = two_output_model()
+  history = keras_training.KerasTrainer(model).fit(
+      x, y, remainder=remainder, **arguments).history
+  assert sorted(expected) == [
+      "loss", "probs_accuracy", "probs_loss", "score_loss", "score_mae",
+      "val_loss", "val_probs_accuracy", "val_probs_loss", "val_score_loss",
+      "val_score_mae"]
+  # The total is the weighted sum of the outputs' losses.
+  np.testing.assert_allclose(
+      np.asarray(expected["score_loss"]) * 0.5 +
+      np.asarray(expected["probs_loss"]) * 2.0, expected["loss"], rtol=1e-5)
+  assert all(value > 0 for value in history["score_loss"])
+  assert_same_run(model, history, reference, expected)
+
+
+@pytest.mark.parametrize("batch, remainder", [(BATCH, "error"), (20, "pad")])
+def test_evaluate_of_two_outputs_returns_what_keras_evaluate_returns(
+    batch, remainder):
+  # 52 rows in batches of 20: the last one holds 12 (padded to 16).
+  x, y = two_output_data(seed=17, rows=64 if remainder == "error" else 52)
+  model = two_output_model()
+  trainer = keras_training.KerasTrainer(model)
+  for return_dict in (False, True):
+    expected = model.evaluate(x, y, batch_size=batch, verbose=0,
+                              return_dict=return_dict)
+    got = trainer.evaluate(x, y, batch_size=batch, return_dict=return_dict,
+                           remainder=remainder)
+    assert type(got) is type(expected)
+    if return_dict:
+      assert list(got) == list(expected)
+      assert sorted(got) == ["loss", "probs_accuracy", "probs_loss",
+                             "score_loss", "score_mae"]
+      by_name = got
+      got, expected = list(got.values()), list(expected.values())
+    assert len(got) == len(expected) == 5
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+  # Each output's loss is the mean of its batches' losses, each batch
+  # weighing 1 (as in Keras' TensorFlow trainer), where 'loss' weighs each
+  # batch by its rows.
+  predictions = model.predict(x, batch_size=batch, verbose=0)
+  starts = range(0, len(x), batch)
+  score = [np.mean((predictions["score"][k:k + batch] -
+                    y["score"][k:k + batch]) ** 2) for k in starts]
+  probs = [np.mean(-np.sum(y["probs"][k:k + batch] * np.log(
+      predictions["probs"][k:k + batch]), axis=1)) for k in starts]
+  np.testing.assert_allclose(by_name["score_loss"], np.mean(score), rtol=1e-5)
+  np.testing.assert_allclose(by_name["probs_loss"], np.mean(probs), rtol=1e-5)
+  rows = [len(x[k:k + batch]) for k in starts]
+  np.testing.assert_allclose(
+      by_name["loss"], np.average(0.5 * np.asarray(score) +
+                                  2.0 * np.asarray(probs), weights=rows),
+      rtol=1e-5)
+
+
+# --- metrics ----------------------------------------------------------------
+
+METRICS = {
+    "auc": lambda: keras.metrics.AUC(),
+    "auc_pr": lambda: keras.metrics.AUC(curve="PR", num_thresholds=50),
+    "auc_multi_label": lambda: keras.metrics.AUC(multi_label=True,
+                                                 num_labels=CLASSES),
+    "f1_score_per_class": lambda: keras.metrics.F1Score(),
+    "fbeta_score_macro": lambda: keras.metrics.FBetaScore(average="macro",
+                                                          beta=2.0),
+    "precision_at_recall": lambda: keras.metrics.PrecisionAtRecall(0.5),
+    "recall_at_precision": lambda: keras.metrics.RecallAtPrecision(0.5),
+    "sensitivity_at_specificity": lambda: (
+        keras.metrics.SensitivityAtSpecificity(0.5)),
+    "top_2_accuracy": lambda: keras.metrics.TopKCategoricalAccuracy(k=2),
+    "recall_top_1": lambda: keras.metrics.Recall(top_k=1),
+    "r2_score": lambda: keras.metrics.R2Score(),
+    "mean_iou": pytest.param(
+        lambda: keras.metrics.OneHotMeanIoU(num_classes=CLASSES),
+        marks=pytest.mark.xfail(
+            strict=True, raises=tf.errors.InvalidArgumentError,
+            reason="DTensor's expansion of a ScatterNd of int64 indices "
+                   "(Keras' confusion matrix) fails")),
+    "true_positives_at_2_thresholds": lambda: keras.metrics.TruePositives(
+        thresholds=[0.2, 0.5]),
+}
+
+
+def model_with_metric(metric):
+  keras.backend.clear_session()  # the same metric names in both models
+  keras.utils.set_random_seed(4)
+  model = keras.Sequential([keras.Input((FEATURES,)),
+                            keras.layers.Dense(CLASSES, activation="softmax")])
+  model.compile(optimizer=keras.optimizers.SGD(0.1),
+                loss="categorical_crossentropy", metrics=[metric()])
+  return model
+
+
+@pytest.mark.parametrize("metric", METRICS.values(), ids=list(METRICS))
+def test_metric_in_fit_and_evaluate_as_keras(metric):
+  # 60 rows in batches of 20, each padded to 24 on 8 devices.
+  x, labels = data(seed=19, rows=60)
+  y = np.eye(CLASSES, dtype=np.float32)[labels]
+  arguments = dict(batch_size=20, epochs=2, shuffle=False, verbose=0)
+  reference = model_with_metric(metric)
+  expected = reference.fit(x, y, **arguments).history
+  expected_evaluation = reference.evaluate(x, y, batch_size=20, verbose=0,
+                                           return_dict=True)
+  model = model_with_metric(metric)
+  trainer = keras_training.KerasTrainer(model)
+  history = trainer.fit(x, y, remainder="pad", **arguments).history
+  evaluation = trainer.evaluate(x, y, batch_size=20, remainder="pad",
+                                return_dict=True)
+  assert list(history) == list(expected) and len(expected) == 2
+  for name in expected:
+    for got, want in zip(history[name], expected[name]):
+      assert np.shape(got) == np.shape(want)
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6,
+                                 err_msg=name)
+  assert list(evaluation) == list(expected_evaluation)
+  for name, want in expected_evaluation.items():
+    assert type(evaluation[name]) is type(want)
+    np.testing.assert_allclose(evaluation[name], want, rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+
+
 # --- mixed precision --------------------------------------------------------
 
 
@@ -333,6 +487,50 @@ def test_loss_scale_skips_overflowing_steps_and_grows_as_keras(mixed_policy):
   assert scale < 2.0**30
   assert int(model.optimizer.iterations.numpy()) == int(
       reference.optimizer.iterations.numpy())
+
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    "sgd_nesterov_weight_decay": lambda: keras.optimizers.SGD(
+        0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
+    "adam_ema": lambda: keras.optimizers.Adam(0.01, use_ema=True,
+                                              ema_momentum=0.9),
+    "adam_ema_overwrite": lambda: keras.optimizers.Adam(
+        0.01, use_ema=True, ema_momentum=0.9, ema_overwrite_frequency=3),
+    "adam_gradient_accumulation": lambda: keras.optimizers.Adam(
+        0.01, gradient_accumulation_steps=2),
+    "rmsprop_global_clipnorm": lambda: keras.optimizers.RMSprop(
+        0.01, global_clipnorm=1.0),
+    "given_loss_scale_optimizer": lambda: keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1, momentum=0.9, weight_decay=0.01)),
+}
+
+
+@pytest.mark.parametrize("mixed_policy", ["float32", "mixed_float16"],
+                         indirect=True)
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_optimizer_options_train_as_keras_fit(optimizer, mixed_policy):
+  # The policy is set before the models are built; under mixed_float16
+  # Keras wraps each optimizer (but a LossScaleOptimizer) in one.
+  x, y = data(seed=18, rows=64)
+  reference = mlp(OPTIMIZERS[optimizer]())
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                           verbose=0).history
+  model = mlp(OPTIMIZERS[optimizer]())
+  assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer) == (
+      mixed_policy == "mixed_float16" or optimizer.startswith("given"))
+  history = keras_training.KerasTrainer(model).fit(
+      x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+  # float16 activations round differently in the devices' programs.
+  rtol, atol = {"float32": (1e-5, 1e-6),
+                "mixed_float16": (2e-2, 2e-3)}[mixed_policy]
+  assert_same_run(model, history, reference, expected, rtol=rtol, atol=atol)
+  for got, want in zip(model.optimizer.variables,
+                       reference.optimizer.variables):
+    np.testing.assert_allclose(np.asarray(got, np.float32),
+                               np.asarray(want, np.float32), rtol=rtol,
+                               atol=atol, err_msg=got.path)
 
 
 # --- what KerasTrainer does not run -----------------------------------------
