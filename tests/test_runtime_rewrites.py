@@ -4,7 +4,9 @@ TensorFlow's CPU kernel of tf.where refuses results of rank 9 or more, which
 a per-device rank of 8 reaches once stacked over the devices (ring
 attention's blocks); a psum_scatter's result next to an all_gather's on a
 (4, 2) mesh asked DTensor for a transpose it does not expand (the shard_map
-tutorial's FSDP + TP network).
+tutorial's FSDP + TP network); a select whose scalar condition and operands
+are the same on every device crashed the process in DTensor's layout
+propagation.
 """
 
 import numpy as np
@@ -216,3 +218,56 @@ def test_fsdp_and_tensor_parallel_loss_on_a_4_by_2_mesh():
   expected = np.mean(np.sum((outputs - targets) ** 2, axis=-1))
   np.testing.assert_allclose(value, expected, rtol=1e-5)
   np.testing.assert_allclose(value, 12.354124069213867, rtol=1e-5)
+
+
+# --- selects with a scalar condition on values the same on every device -------
+
+
+def _sign_select(kind, y):
+  """y or -y by the sign of y's sum: the condition is the same everywhere."""
+  positive = tf.reduce_sum(y) > 0
+  if kind == "Select":
+    return tf.raw_ops.Select(condition=positive, x=y, y=-y)
+  return tf.where(positive, y, -y)
+
+
+@pytest.mark.parametrize("kind", ["SelectV2", "Select"])
+@pytest.mark.parametrize("where", ["top level", "tf.cond", "tf.while_loop"])
+def test_a_scalar_condition_select_of_unmapped_values(kind, where):
+  x, y = data(N, 3), data(2, 3, seed=1)
+
+  def f(x, y):
+    if where == "top level":
+      return x + _sign_select(kind, y)[0]
+    if where == "tf.cond":
+      return tf.cond(tf.reduce_sum(x) > 0,
+                     lambda: x + _sign_select(kind, y)[0], lambda: x - 1)
+    return tf.while_loop(
+        lambda i, v: i < 3,
+        lambda i, v: (i + 1, v + _sign_select(kind, y)[0]), (0, x))[1]
+
+  out = tfspmd.pmap(f, "i", in_axes=(0, None))(x, y)
+  picked = (y if y.sum() > 0 else -y)[0]
+  if where == "top level":
+    expected = x + picked
+  elif where == "tf.cond":
+    expected = np.where(x.sum(1, keepdims=True) > 0, x + picked, x - 1)
+  else:
+    expected = x + 3 * picked
+  np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+def test_a_scalar_condition_select_of_a_constant_and_its_gradient():
+  w = data(2, 3, seed=2)
+
+  def f(x):
+    chosen = tf.where(tf.constant(True), tf.constant(w), tf.zeros_like(w))
+    return tf.reduce_sum(x * chosen[1])
+
+  x = tf.constant(data(N, 3))
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    out = tfspmd.pmap(f, "i")(x)
+  np.testing.assert_allclose(out, (x.numpy() * w[1]).sum(1), rtol=1e-6)
+  np.testing.assert_allclose(tape.gradient(out, x), np.tile(w[1], (N, 1)),
+                             rtol=1e-6)

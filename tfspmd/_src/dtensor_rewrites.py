@@ -16,10 +16,16 @@ squares. And TensorFlow's CPU kernel of `SelectV2` (`tf.where`) refuses
 results of rank 9 or more ("Broadcast between ... is not supported yet",
 even between operands of one shape), which a per-device rank of 8 reaches
 once stacked over the devices: there the operands are broadcast to the
-result's shape and `Select` picks.
+result's shape and `Select` picks. A select with a scalar condition on
+operands that are the same on every device crashes the process in DTensor's
+layout propagation; pfor copies such an op as it is, with no converter, so
+it is rewritten as the per-device function traces, its condition broadcast
+to the result's shape (`rewriting_scalar_selects`).
 """
 
+import contextlib
 import string
+import threading
 
 import tensorflow as tf
 
@@ -39,6 +45,49 @@ def mark(operations):
       converter = None
     if converter is not None:
       tf_internal.set_pfor_converter(operation, converter)
+
+
+_rewriting = threading.local()
+
+
+@contextlib.contextmanager
+def rewriting_scalar_selects():
+  """Within, the selects traced with a scalar condition get a full one.
+
+  Nested pmaps trace within their enclosing one's: the rewrite is installed
+  once, by the outermost.
+  """
+  if getattr(_rewriting, "active", False):
+    yield
+    return
+  _rewriting.active = True
+  try:
+    with tf_internal.op_callback(_broadcast_scalar_selects):
+      yield
+  finally:
+    _rewriting.active = False
+
+
+def _broadcast_scalar_selects(op_type, inputs, attrs, outputs, op_name=None,
+                              graph=None):
+  """An op callback: a scalar-condition select as one of a full condition.
+
+  Returns the outputs of the rewritten select (`Select` or `SelectV2`), or
+  None to keep the op.
+  """
+  del attrs, graph
+  if op_type not in ("Select", "SelectV2") or tf.executing_eagerly():
+    return None
+  condition, on_true, on_false = inputs
+  shape = outputs[0].shape
+  if condition.shape.rank != 0 or shape.rank in (0, None):
+    return None
+  if shape.is_fully_defined():
+    target = shape.as_list()
+  else:
+    target = tf.broadcast_dynamic_shape(tf.shape(on_true), tf.shape(on_false))
+  return [tf.raw_ops.SelectV2(condition=tf.broadcast_to(condition, target),
+                              t=on_true, e=on_false, name=op_name)]
 
 
 @_do_not_convert

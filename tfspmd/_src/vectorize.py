@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tfspmd._src import axis_env
 from tfspmd._src import control_flow
+from tfspmd._src import dtensor_rewrites
 from tfspmd._src import out_axes as out_axes_lib
 from tfspmd._src import side_effects
 from tfspmd._src import stacking
@@ -100,7 +101,8 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       args, kwargs = rebuild_args(per_device)
       graph = tf.compat.v1.get_default_graph()
       first_op = len(graph.get_operations())
-      result = fun(*args, **kwargs)
+      with dtensor_rewrites.rewriting_scalar_selects():
+        result = fun(*args, **kwargs)
       # pfor's own converters for these give what DTensor cannot expand.
       new_ops = graph.get_operations()[first_op:]
       control_flow.mark(new_ops)
