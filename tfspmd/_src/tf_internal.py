@@ -409,7 +409,11 @@ def convert_graph_inline(pfor_input, graph, inputs, prepare):
   for placeholder, value in zip(graph.inputs, inputs):
     conversion.define(placeholder, value)
   prepare(conversion, graph.get_operations())
-  return [conversion.convert(tensor) for tensor in graph.outputs]
+  caller = tf.compat.v1.get_default_graph()
+  first_op = len(caller.get_operations())
+  outputs = [conversion.convert(tensor) for tensor in graph.outputs]
+  _copy_called_functions(caller.get_operations()[first_op:], graph, caller)
+  return outputs
 
 
 def stacked(value, size):
