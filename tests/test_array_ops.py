@@ -194,3 +194,16 @@ def test_float64_stays_by_default_and_config_checks_its_input():
     tfspmd.config.update("jax_debug_nans", False)
   with pytest.raises(TypeError, match="must be True or False, got int 0"):
     tfspmd.config.update("tfspmd_enable_x64", 0)
+
+
+def test_config_takes_a_numpy_bool_and_refuses_attribute_assignment():
+  try:
+    tfspmd.config.update("jax_enable_x64", np.bool_(False))
+    assert tfspmd.config.tfspmd_enable_x64 is False
+    assert tfspmd.pmap(lambda v: v)(np.ones(2)).dtype == tf.float32
+    with pytest.raises(AttributeError, match="cannot be assigned"):
+      tfspmd.config.tfspmd_enable_x64 = True
+    assert tfspmd.config.tfspmd_enable_x64 is False
+  finally:
+    tfspmd.config.update("tfspmd_enable_x64", True)
+  assert tfspmd.pmap(lambda v: v)(np.ones(2)).dtype == tf.float64

@@ -959,6 +959,22 @@ def _():
   tfspmd.config.update("tfspmd_enable_x64", "no")
 
 
+@case("config-attribute-assignment", STATE,
+      "tfspmd.config.tfspmd_enable_x64 = False", AttributeError,
+      r"tfspmd.config.tfspmd_enable_x64 cannot be assigned; write "
+      r"tfspmd.config.update\('tfspmd_enable_x64', False\) instead")
+def _():
+  tfspmd.config.tfspmd_enable_x64 = False
+
+
+@case("config-attribute-unknown", STATE, "tfspmd.config.enable_x64 = False",
+      AttributeError,
+      r"tfspmd.config has no setting 'enable_x64' to assign; the settings are "
+      r"\['tfspmd_enable_x64'\], changed with tfspmd.config.update")
+def _():
+  tfspmd.config.enable_x64 = False
+
+
 @case("dtensor-gather-switch-off", STATE,
       "LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2=0 in the environment, to "
       "turn DTensor's switch off", UserWarning,
