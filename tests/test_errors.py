@@ -1011,6 +1011,17 @@ def _():
                    out_specs=tfspmd.P("data"))(np.zeros(3))
 
 
+@case("shard-map-in-specs-list", SHARD_MAP,
+      "in_specs=[P('data'), P('data')], a list, for two arguments", ValueError,
+      r"shard_map: in_specs is a list, \[PartitionSpec\('data'\), "
+      r"PartitionSpec\('data'\)\]; .*write in_specs=\(PartitionSpec\('data'\), "
+      r"PartitionSpec\('data'\)\)")
+def _():
+  tfspmd.shard_map(lambda a, b: a + b, mesh=_mesh(),
+                   in_specs=[tfspmd.P("data"), tfspmd.P("data")],
+                   out_specs=tfspmd.P("data"))(np.zeros(2), np.zeros(2))
+
+
 @case("shard-map-unknown-axis", SHARD_MAP,
       "a partition spec naming an axis the mesh does not have", ValueError,
       r"args\[0\] names the axis 'rows', which is not an axis of the mesh")
