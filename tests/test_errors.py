@@ -945,6 +945,18 @@ def _():
   P(lambda x: x)(np.zeros((2, 4))).reshape(8)
 
 
+@case("sharded-arithmetic-other-devices", STATE,
+      "arithmetic between ShardedArrays on devices 0-3 and on devices 4-7",
+      ValueError,
+      r"ShardedArray arithmetic needs both arrays on the same devices; one "
+      r"lies on 4 \w+ devices \[0, 1, 2, 3\], the other on 4 \w+ devices "
+      r"\[4, 5, 6, 7\]\. Fetch one with np.asarray first")
+def _():
+  x = np.ones((4, 2), np.float32)
+  P(lambda v: v, devices=tfspmd.devices()[:4])(x) + P(
+      lambda v: v, devices=tfspmd.devices()[4:])(x)
+
+
 @case("config-unknown-setting", STATE,
       "tfspmd.config.update('jax_debug_nans', True)", AttributeError,
       r"tfspmd.config.update: no setting 'jax_debug_nans'; the settings are "

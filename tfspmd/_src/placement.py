@@ -218,8 +218,8 @@ def relayout(value, placement):
   """The DTensor `value` on `placement`, on the devices where it can be.
 
   On the same mesh, or on a mesh of the same devices under other dimension
-  names, DTensor moves the blocks between the devices; between meshes of
-  other devices the array goes through the host.
+  names or another shape, DTensor moves the blocks between the devices;
+  between meshes of other devices the array goes through the host.
   """
   layout = dtensor.fetch_layout(value)
   if layout.mesh != placement.mesh:
@@ -233,5 +233,19 @@ def relayout(value, placement):
   if layout.mesh == placement.mesh:
     return dtensor.relayout(value, placement.layout)
   replicated = dtensor.Layout.replicated(layout.mesh, layout.rank)
-  host = dtensor.unpack(dtensor.relayout(value, replicated))[0].numpy()
-  return pack_global_array(host, placement)
+  whole = dtensor.unpack(dtensor.relayout(value, replicated))
+  if _same_devices(layout.mesh, placement.mesh):
+    # Another shape of mesh over the same devices (a 2 x 4 shard_map's and
+    # an 8-device pmap's): every device already holds the whole array.
+    by_device = dict(zip(layout.mesh.local_devices(), whole))
+    value = dtensor.pack(
+        [by_device[device] for device in placement.mesh.local_devices()],
+        dtensor.Layout.replicated(placement.mesh, layout.rank))
+    return dtensor.relayout(value, placement.layout)
+  return pack_global_array(whole[0].numpy(), placement)
+
+
+def _same_devices(mesh, other):
+  """Whether two DTensor meshes span the same devices, in any order."""
+  return (mesh.size == other.size and
+          sorted(mesh.local_devices()) == sorted(other.local_devices()))
