@@ -401,6 +401,13 @@ def _():
   P(lambda x: (x, object()))(np.zeros(2))
 
 
+@case("output-a-string", OUTPUTS, "a Python str returned", TypeError,
+      r"the pmapped function returned the string 'label' at output\['name'\]; "
+      r"outputs must be numbers or bools")
+def _():
+  P(lambda x: {"value": x, "name": "label"})(np.zeros(2))
+
+
 @case("output-unknown-rank", OUTPUTS,
       "an output of unknown rank (tf.numpy_function)", ValueError,
       r"returned output of unknown rank .* tf.ensure_shape")
@@ -787,6 +794,32 @@ def _():
 def _():
   v = tf.Variable(0., dtype=tf.float64)
   P(lambda x: v.assign_add(tf.reduce_sum(x)))(np.zeros(2))
+
+
+@case("variable-created", OPS, "tf.Variable(...) created inside",
+      ValueError, r"creates a tf.Variable \(scale\); a mapped function cannot "
+      r"create variables. Create it outside the mapped function and pass its "
+      r"value in as an argument")
+def _():
+  P(lambda x: x * tf.Variable(2., name="scale"))(np.zeros(2, np.float32))
+
+
+@case("python-if-on-a-tensor", OPS, "a Python `if` on a per-device value",
+      TypeError, r"uses a tensor as a Python bool \(an `if`.*use tf.cond or "
+      r"tf.where to choose between values")
+def _():
+  def f(x):
+    if tf.reduce_sum(x) > 0:
+      return x
+    return -x
+  P(f)(np.zeros((2, 3)))
+
+
+@case("python-for-over-a-tensor", OPS, "a Python `for` over a per-device "
+      "tensor", TypeError, r"iterates over a tensor with a Python for loop.*"
+      r"tf.map_fn or tf.scan")
+def _():
+  P(lambda x: sum(row for row in x))(np.zeros((2, 3)))
 
 
 @case("dtensor-cannot-split", OPS,
