@@ -12,6 +12,8 @@ import functools
 import numpy as np
 from tensorflow.experimental import dtensor
 
+from tfspmd._src import tf_internal
+
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
@@ -180,6 +182,17 @@ def renamed_layout(layout, mesh):
                          for spec in layout.sharding_specs], mesh)
 
 
+def components(value):
+  """`dtensor.unpack(value)`, the per-device tensors, once they are computed.
+
+  DTensor's unpack waits for a value still being computed holding the GIL
+  (TF 2.21): every other Python thread would stop for as long. The eager
+  executor's wait releases it, so it waits first.
+  """
+  tf_internal.wait_for_pending_ops()
+  return dtensor.unpack(value)
+
+
 def repack(value, placement):
   """Moves a DTensor's per-device components onto `placement`'s layout.
 
@@ -194,13 +207,13 @@ def assemble(value, placement, local_shape, dtype):
 
   That is the whole array in one process, this process's part in several.
   """
-  components = dtensor.unpack(value)
+  blocks = components(value)
   if not any(dim is not None for dim in placement.spec):
-    return np.asarray(components[0].numpy())
+    return np.asarray(blocks[0].numpy())
   out = np.empty(local_shape, dtype=dtype)
   counts = placement.local_counts()
   seen = set()
-  for (_, index), component in zip(placement.local_view, components):
+  for (_, index), component in zip(placement.local_view, blocks):
     if index in seen:
       continue
     seen.add(index)
@@ -233,7 +246,7 @@ def relayout(value, placement):
   if layout.mesh == placement.mesh:
     return dtensor.relayout(value, placement.layout)
   replicated = dtensor.Layout.replicated(layout.mesh, layout.rank)
-  whole = dtensor.unpack(dtensor.relayout(value, replicated))
+  whole = components(dtensor.relayout(value, replicated))
   if _same_devices(layout.mesh, placement.mesh):
     # Another shape of mesh over the same devices (a 2 x 4 shard_map's and
     # an 8-device pmap's): every device already holds the whole array.
