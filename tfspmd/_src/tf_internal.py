@@ -346,8 +346,8 @@ def _install_write_guards():
   Op callbacks see an eager op after it ran; `tf.Variable.assign` and its
   kin, the scatters and the optimizers' apply ops call these module
   functions (or their `tf.raw_ops` forms) first, so a check there can stop
-  a write before it happens.
-  Done once per process; a thread with no checks pays one lookup.
+  a write before it happens. Done once per process; a thread with no
+  checks pays one lookup.
   """
   with _write_guards_lock:
     if _write_guards_installed:

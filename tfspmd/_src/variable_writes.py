@@ -2,7 +2,7 @@
 
 Every device would assign its own value to the one variable. The compiled
 path finds a write when pfor cannot vectorize the op; debug mode, whose
-devices run eagerly, finds it as the op runs. Both raise `write_error`.
+devices run eagerly, finds it before the op runs. Both raise `write_error`.
 """
 
 import contextlib
@@ -31,8 +31,7 @@ def refused(axis_name):
   """Raises `write_error` at any variable write this thread runs or traces.
 
   A variable created here (a Keras layer building its weights on its first
-  call) may be given its initial value: the compiled path creates it
-  outside the program, too. A write through TensorFlow's Python API
+  call) may be given its initial value. A write through TensorFlow's Python API
   (`assign`, `scatter_*`, an optimizer's apply, `tf.raw_ops`) is refused
   before it runs, so the variable keeps its value; an op callback catches
   any other, which TensorFlow reports after the op ran.
