@@ -115,6 +115,30 @@ def test_results_of_a_nested_pmap_keep_both_splits():
     out + other  # pylint: disable=pointless-statement
 
 
+def test_a_shard_map_result_meets_a_pmap_result_on_the_same_8_devices():
+  x = np.arange(16, dtype=np.float32).reshape(8, 2)
+  mesh = tfspmd.make_mesh((2, 4), ("r", "c"))
+  doubled = tfspmd.shard_map(lambda v: v * 2., mesh=mesh,
+                             in_specs=tfspmd.P(("r", "c")),
+                             out_specs=tfspmd.P(("r", "c")))(x)
+  plus_one = tfspmd.pmap(lambda v: v + 1.)(x)
+  np.testing.assert_array_equal(np.asarray(doubled + plus_one), 3 * x + 1)
+  np.testing.assert_array_equal(np.asarray(plus_one - doubled), 1 - x)
+  np.testing.assert_array_equal(np.asarray(plus_one * doubled[0]),
+                                (x + 1) * (2 * x[0]))
+  both = tfspmd.pmap(lambda u, v: u * v)(doubled, plus_one)
+  np.testing.assert_array_equal(np.asarray(both), 2 * x * (x + 1))
+
+
+def test_arrays_on_different_devices_name_both_device_lists():
+  x = np.ones((4, 2), np.float32)
+  first = tfspmd.pmap(lambda v: v, devices=tfspmd.devices()[:4])(x)
+  last = tfspmd.pmap(lambda v: v, devices=tfspmd.devices()[4:])(x)
+  with pytest.raises(ValueError, match=r"one lies on 4 \w+ devices \[0, 1, 2, "
+                     r"3\], the other on 4 \w+ devices \[4, 5, 6, 7\]"):
+    first + last  # pylint: disable=pointless-statement
+
+
 def test_copies_stay_on_the_devices_and_pickles_hold_the_values(x, out):
   for duplicate in (copy.copy(out), copy.deepcopy(out), copy.deepcopy([out])[0]):
     assert duplicate is not out
@@ -194,3 +218,16 @@ def test_float64_stays_by_default_and_config_checks_its_input():
     tfspmd.config.update("jax_debug_nans", False)
   with pytest.raises(TypeError, match="must be True or False, got int 0"):
     tfspmd.config.update("tfspmd_enable_x64", 0)
+
+
+def test_config_takes_a_numpy_bool_and_refuses_attribute_assignment():
+  try:
+    tfspmd.config.update("jax_enable_x64", np.bool_(False))
+    assert tfspmd.config.tfspmd_enable_x64 is False
+    assert tfspmd.pmap(lambda v: v)(np.ones(2)).dtype == tf.float32
+    with pytest.raises(AttributeError, match="cannot be assigned"):
+      tfspmd.config.tfspmd_enable_x64 = True
+    assert tfspmd.config.tfspmd_enable_x64 is False
+  finally:
+    tfspmd.config.update("tfspmd_enable_x64", True)
+  assert tfspmd.pmap(lambda v: v)(np.ones(2)).dtype == tf.float64

@@ -179,6 +179,43 @@ def test_cond_on_a_psum_predicate():
   np.testing.assert_array_equal(out, np.broadcast_to(expected, x.shape))
 
 
+def test_cond_on_a_psum_predicate_in_a_while_loop():
+  x = data(3)
+
+  def f(v):
+    def body(k, c):
+      c = tf.cond(lax.psum(tf.reduce_sum(c), "i") > 3.,
+                  lambda: c * 0.5, lambda: c + 1.)
+      return k + 1, c
+    return tf.while_loop(lambda k, c: k < 4, body, (0, v))[1]
+
+  expected = x.astype(np.float64)
+  for _ in range(4):
+    expected = expected * 0.5 if expected.sum() > 3. else expected + 1.
+  np.testing.assert_allclose(run(f, x), expected, rtol=1e-5)
+
+
+def test_autograph_break_on_a_psum_in_a_tf_function():
+  x = np.arange(N * 2, dtype=np.float32).reshape(N, 2)
+
+  @tf.function
+  def accumulate(v):
+    total = tf.zeros_like(v)
+    for _ in tf.range(5):
+      if lax.psum(tf.reduce_sum(total), "i") > 150.:
+        break
+      total += v
+    return total
+
+  # Every device adds its row until the sum over all devices passes 150.
+  expected = np.zeros_like(x)
+  for _ in range(5):
+    if expected.sum() > 150.:
+      break
+    expected += x
+  np.testing.assert_allclose(run(accumulate, x), expected, rtol=1e-6)
+
+
 def test_cond_per_device_takes_each_devices_branch():
   x = data(3)
   out = run(lambda v: tf.cond(tf.reduce_sum(v) > 0, lambda: v * 10., lambda: -v),

@@ -339,6 +339,30 @@ def test_values_of_different_shapes_on_the_devices_are_an_error():
     within(30, tfspmd.pmap(f, "i", debug=True), np.zeros(2, np.float32))
 
 
+@pytest.mark.parametrize("write", [
+    lambda v, x: v.assign_add(tf.reduce_sum(x, keepdims=True)),
+    lambda v, x: v.assign(x),
+    lambda v, x: v.scatter_add(tf.IndexedSlices(x, [0])),
+    lambda v, x: tf.raw_ops.AssignAddVariableOp(resource=v.handle, value=x),
+], ids=["assign_add", "assign", "scatter_add", "raw_op"])
+def test_a_refused_variable_write_takes_effect_on_no_device(write):
+  variable = tf.Variable([5.])
+  with pytest.raises(ValueError, match="writes to a tf.Variable"):
+    within(30, tfspmd.pmap(lambda x: write(variable, x), "i", debug=True),
+           np.arange(4, dtype=np.float32).reshape(4, 1))
+  np.testing.assert_array_equal(variable.numpy(), [5.])
+
+
+def test_a_variable_created_on_each_device_may_take_its_initial_value():
+  def f(x):
+    return tf.Variable(tf.ones([2])).read_value() * x
+
+  out = within(30, tfspmd.pmap(f, "i", debug=True),
+               np.arange(4, dtype=np.float32).reshape(4, 1))
+  np.testing.assert_array_equal(np.asarray(out),
+                                np.arange(4.).reshape(4, 1) * np.ones((1, 2)))
+
+
 def test_debug_must_be_a_bool():
   with pytest.raises(TypeError, match="`debug` must be True or False, got str"):
     tfspmd.pmap(lambda x: x, debug="yes")

@@ -401,6 +401,13 @@ def _():
   P(lambda x: (x, object()))(np.zeros(2))
 
 
+@case("output-a-string", OUTPUTS, "a Python str returned", TypeError,
+      r"the pmapped function returned the string 'label' at output\['name'\]; "
+      r"outputs must be numbers or bools")
+def _():
+  P(lambda x: {"value": x, "name": "label"})(np.zeros(2))
+
+
 @case("output-unknown-rank", OUTPUTS,
       "an output of unknown rank (tf.numpy_function)", ValueError,
       r"returned output of unknown rank .* tf.ensure_shape")
@@ -789,6 +796,32 @@ def _():
   P(lambda x: v.assign_add(tf.reduce_sum(x)))(np.zeros(2))
 
 
+@case("variable-created", OPS, "tf.Variable(...) created inside",
+      ValueError, r"creates a tf.Variable \(scale\); a mapped function cannot "
+      r"create variables. Create it outside the mapped function and pass its "
+      r"value in as an argument")
+def _():
+  P(lambda x: x * tf.Variable(2., name="scale"))(np.zeros(2, np.float32))
+
+
+@case("python-if-on-a-tensor", OPS, "a Python `if` on a per-device value",
+      TypeError, r"uses a tensor as a Python bool \(an `if`.*use tf.cond or "
+      r"tf.where to choose between values")
+def _():
+  def f(x):
+    if tf.reduce_sum(x) > 0:
+      return x
+    return -x
+  P(f)(np.zeros((2, 3)))
+
+
+@case("python-for-over-a-tensor", OPS, "a Python `for` over a per-device "
+      "tensor", TypeError, r"iterates over a tensor with a Python for loop.*"
+      r"tf.map_fn or tf.scan")
+def _():
+  P(lambda x: sum(row for row in x))(np.zeros((2, 3)))
+
+
 @case("dtensor-cannot-split", OPS,
       "psum_scatter of rows scattered into new zeros (DTensor cannot split "
       "the scatter)", ValueError,
@@ -981,6 +1014,18 @@ def _():
   P(lambda x: x)(np.zeros((2, 4))).reshape(8)
 
 
+@case("sharded-arithmetic-other-devices", STATE,
+      "arithmetic between ShardedArrays on devices 0-3 and on devices 4-7",
+      ValueError,
+      r"ShardedArray arithmetic needs both arrays on the same devices; one "
+      r"lies on 4 \w+ devices \[0, 1, 2, 3\], the other on 4 \w+ devices "
+      r"\[4, 5, 6, 7\]\. Fetch one with np.asarray first")
+def _():
+  x = np.ones((4, 2), np.float32)
+  P(lambda v: v, devices=tfspmd.devices()[:4])(x) + P(
+      lambda v: v, devices=tfspmd.devices()[4:])(x)
+
+
 @case("config-unknown-setting", STATE,
       "tfspmd.config.update('jax_debug_nans', True)", AttributeError,
       r"tfspmd.config.update: no setting 'jax_debug_nans'; the settings are "
@@ -993,6 +1038,22 @@ def _():
       TypeError, r"tfspmd_enable_x64 must be True or False, got str 'no'")
 def _():
   tfspmd.config.update("tfspmd_enable_x64", "no")
+
+
+@case("config-attribute-assignment", STATE,
+      "tfspmd.config.tfspmd_enable_x64 = False", AttributeError,
+      r"tfspmd.config.tfspmd_enable_x64 cannot be assigned; write "
+      r"tfspmd.config.update\('tfspmd_enable_x64', False\) instead")
+def _():
+  tfspmd.config.tfspmd_enable_x64 = False
+
+
+@case("config-attribute-unknown", STATE, "tfspmd.config.enable_x64 = False",
+      AttributeError,
+      r"tfspmd.config has no setting 'enable_x64' to assign; the settings are "
+      r"\['tfspmd_enable_x64'\], changed with tfspmd.config.update")
+def _():
+  tfspmd.config.enable_x64 = False
 
 
 @case("dtensor-gather-switch-off", STATE,
@@ -1029,6 +1090,17 @@ def _mesh():
 def _():
   tfspmd.shard_map(lambda b: b, mesh=_mesh(), in_specs=tfspmd.P("data"),
                    out_specs=tfspmd.P("data"))(np.zeros(3))
+
+
+@case("shard-map-in-specs-list", SHARD_MAP,
+      "in_specs=[P('data'), P('data')], a list, for two arguments", ValueError,
+      r"shard_map: in_specs is a list, \[PartitionSpec\('data'\), "
+      r"PartitionSpec\('data'\)\]; .*write in_specs=\(PartitionSpec\('data'\), "
+      r"PartitionSpec\('data'\)\)")
+def _():
+  tfspmd.shard_map(lambda a, b: a + b, mesh=_mesh(),
+                   in_specs=[tfspmd.P("data"), tfspmd.P("data")],
+                   out_specs=tfspmd.P("data"))(np.zeros(2), np.zeros(2))
 
 
 @case("shard-map-unknown-axis", SHARD_MAP,

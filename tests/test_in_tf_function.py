@@ -95,6 +95,20 @@ def test_pmaps_over_two_device_counts_in_one_function():
   np.testing.assert_array_equal(double(second), np.arange(4) * 4.)
 
 
+def test_in_axes_1_on_dtensors_split_along_either_axis():
+  x = np.arange(2 * 8 * 3, dtype=np.float32).reshape(2, 8, 3)
+  centred = tfspmd.pmap(lambda v: v - lax.pmean(v, "i"), "i", in_axes=1)
+  along_1 = tfspmd.pmap(lambda v: v, in_axes=1, out_axes=1)(x)
+  along_0 = tfspmd.pmap(lambda v: v)(np.ascontiguousarray(x.transpose(1, 0, 2)))
+  along_0_t = tf.function(lambda v: tf.transpose(v, [1, 0, 2]))(
+      along_0.dtensor_value)
+  expected = np.moveaxis(x - x.mean(1, keepdims=True), 1, 0)
+  for placed in (along_1.dtensor_value, along_0_t):
+    out = tf.function(centred)(placed)
+    np.testing.assert_allclose(tfspmd.pmap(lambda v: v)(out), expected,
+                               rtol=1e-6, atol=1e-5)
+
+
 def _mean_free(v):
   return v - lax.pmean(v, "i")
 

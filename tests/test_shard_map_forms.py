@@ -193,3 +193,17 @@ def test_axis_types_change_nothing(mesh):
   f = tfspmd.shard_map(row_sums_minus_mean, mesh=auto_mesh,
                        in_specs=P("x", "y"), out_specs=P("x", None))
   np.testing.assert_allclose(f(X), expected_row_sums_minus_mean(X))
+
+
+def test_a_list_of_axis_names_in_a_spec_splits_as_their_tuple(mesh):
+  assert P(["x", "y"]) == P(("x", "y"))
+  assert P(["x", "y"], None).axes_of(0) == ("x", "y")
+  x = np.arange(16, dtype=np.float32).reshape(8, 2)
+  f = tfspmd.shard_map(
+      lambda block: block * 2. + tf.cast(
+          lax.axis_index("x") * 10 + lax.axis_index("y"), tf.float32),
+      mesh=mesh, in_specs=P(["x", "y"]), out_specs=P(["x", "y"]))
+  # Row r is block r of 8: device (r // 2, r % 2) of the 4 x 2 mesh.
+  rows = np.arange(8)[:, None]
+  np.testing.assert_array_equal(
+      np.asarray(f(x)), x * 2 + (rows // 2) * 10 + rows % 2)

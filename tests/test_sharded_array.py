@@ -1,5 +1,6 @@
 """The ShardedArray result type."""
 
+import threading
 import time
 
 import numpy as np
@@ -102,6 +103,53 @@ def test_nested_result_indexes_rows():
   np.testing.assert_array_equal(out[3], expected_rows[3])
   assert len(out.addressable_shards) == 8
   assert out.addressable_shards[5].index == (slice(2, 3), slice(1, 2))
+
+
+def _python_iterations_until(end):
+  """How many times a Python loop runs on this thread until time `end`."""
+  count = 0
+  while time.perf_counter() < end:
+    count += 1
+  return count
+
+
+@pytest.mark.parametrize("wait", [
+    lambda out: out.block_until_ready(),
+    np.asarray,
+    tfspmd.block_until_ready,
+], ids=["block_until_ready", "np.asarray", "tfspmd.block_until_ready"])
+def test_a_thread_waiting_for_a_result_lets_the_others_run(wait):
+  def iterate(a, steps):
+    return tf.while_loop(lambda k, p: k < steps,
+                         lambda k, p: (k + 1, tf.tanh(p @ a)), (0, a))[1]
+
+  f = tfspmd.pmap(iterate, in_axes=(0, None))
+  x = np.random.default_rng(0).standard_normal((8, 256, 256)).astype(
+      np.float32) / 16
+  window = 0.5
+  steps = 20
+  for _ in range(8):  # enough steps to outlast the window three times
+    start = time.perf_counter()
+    f(x, steps).block_until_ready()
+    took = time.perf_counter() - start
+    if took > 3 * window:
+      break
+    steps *= int(np.ceil(3 * window / max(took, 0.01)))
+  # The same computation runs during both windows; only the waiting thread
+  # differs, so the ratio measures what the wait takes from this thread,
+  # not what the computation takes from the cores.
+  out = f(x, steps)
+  alone = _python_iterations_until(time.perf_counter() + window)
+  out.block_until_ready()
+  out = f(x, steps)
+  waiter = threading.Thread(target=wait, args=(out,))
+  end = time.perf_counter() + window
+  waiter.start()  # inside the window: a wait holding the GIL stalls it
+  beside = _python_iterations_until(end)
+  still_waiting = waiter.is_alive()
+  waiter.join()
+  assert beside > 0.25 * alone, (beside, alone)
+  assert still_waiting, "the computation did not outlast the window"
 
 
 def test_block_until_ready_waits_for_the_values():

@@ -30,12 +30,18 @@ def _operand(value, like):
       # each device keeps its blocks, now on `like`'s mesh.
       return placement_lib.repack(
           value.dtensor_value, placement_lib.renamed(value.placement, mesh_key))
+    if set(value.placement.devices) == set(like.placement.devices):
+      # A mesh of another shape over the same devices: moved on the
+      # devices, split as `like` where the shapes agree.
+      spec = (like.placement.spec if value.shape == like.shape
+              else (None,) * value.shape.rank)
+      return placement_lib.relayout(
+          value.dtensor_value, placement_lib.Placement(mesh_key, spec))
     raise ValueError(
         f"ShardedArray arithmetic needs both arrays on the same devices; "
-        f"one lies on a mesh of {len(like.placement.devices)} devices "
-        f"({like.placement.mesh_key[1]}), the other on "
-        f"{len(value.placement.devices)} ({value.placement.mesh_key[1]}). "
-        f"Fetch one with np.asarray first.")
+        f"one lies on {_describe(like.placement.devices)}, the other on "
+        f"{_describe(value.placement.devices)}. Fetch one with np.asarray "
+        f"first.")
   if isinstance(value, tf.Tensor) and dtensor.is_dtensor(value):
     return value
   if (isinstance(value, (bool, int, float, complex)) and
@@ -49,6 +55,13 @@ def _operand(value, like):
   else:
     tensor = tf.convert_to_tensor(value)
   return placement_lib.replicated(tensor, like.placement.mesh)
+
+
+def _describe(devices):
+  """`devices` for a message: their count, platform and ids."""
+  platforms = sorted({device.platform for device in devices})
+  return (f"{len(devices)} {'/'.join(platforms)} devices "
+          f"{[device.id for device in devices]}")
 
 
 def accepts(value, like):

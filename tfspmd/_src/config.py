@@ -82,12 +82,28 @@ class Config:
     raise AttributeError(f"tfspmd.config has no setting {name!r}; it has "
                          f"{sorted(values)}.")
 
+  def __setattr__(self, name: str, value: Any) -> None:
+    # As jax.config, whose settings are read-only properties: a setting
+    # changes through `update` only, which checks the value.
+    if name.startswith("_"):
+      object.__setattr__(self, name, value)
+      return
+    setting = _ALIASES.get(name, name)
+    if setting in self._values:
+      raise AttributeError(
+          f"tfspmd.config.{name} cannot be assigned; write "
+          f"tfspmd.config.update({name!r}, {value!r}) instead.")
+    raise AttributeError(
+        f"tfspmd.config has no setting {name!r} to assign; the settings are "
+        f"{sorted(self._values)}, changed with tfspmd.config.update(name, "
+        f"value).")
+
   def update(self, name: str, value: bool) -> None:
     """Sets the setting `name` to `value`.
 
     Args:
       name: A setting's name, tfspmd's or JAX's ('jax_enable_x64').
-      value: True or False.
+      value: True or False (a NumPy bool too, as JAX takes).
 
     Raises:
       AttributeError: If there is no setting `name`.
@@ -98,12 +114,12 @@ class Config:
       raise AttributeError(
           f"tfspmd.config.update: no setting {name!r}; the settings are "
           f"{sorted(self._values)} (JAX's names: {sorted(_ALIASES)}).")
-    if not isinstance(value, bool):
+    if not isinstance(value, (bool, np.bool_)):
       raise TypeError(
           f"tfspmd.config.update: {name} must be True or False, got "
           f"{type(value).__name__} {value!r}.")
     with self._lock:
-      self._values[name] = value
+      self._values[name] = bool(value)
 
   def narrowed(self, array: np.ndarray) -> np.ndarray:
     """`array` (a NumPy array) as it arrives on the devices under the settings."""

@@ -37,8 +37,12 @@ class PartitionSpec(tuple):
   """
 
   def __new__(
-      cls, *entries: Hashable | tuple[Hashable, ...] | None) -> PartitionSpec:
-    return super().__new__(cls, entries)
+      cls, *entries: Hashable | tuple[Hashable, ...] | list[Hashable] | None
+  ) -> PartitionSpec:
+    # A list of names splits a dimension as their tuple does, as in JAX.
+    return super().__new__(cls, tuple(
+        tuple(entry) if isinstance(entry, list) else entry
+        for entry in entries))
 
   def __repr__(self) -> str:
     return f"PartitionSpec{tuple.__repr__(self)}" if len(self) != 1 else (

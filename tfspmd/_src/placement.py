@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tensorflow.experimental import dtensor
 
+from tfspmd._src import tf_internal
+
 if TYPE_CHECKING:
   from tfspmd._src import mesh as mesh_lib
 
@@ -186,6 +188,17 @@ def renamed_layout(layout, mesh):
                          for spec in layout.sharding_specs], mesh)
 
 
+def components(value):
+  """`dtensor.unpack(value)`, the per-device tensors, once they are computed.
+
+  DTensor's unpack waits for a value still being computed holding the GIL
+  (TF 2.21): every other Python thread would stop for as long. The eager
+  executor's wait releases it, so it waits first.
+  """
+  tf_internal.wait_for_pending_ops()
+  return dtensor.unpack(value)
+
+
 def repack(value, placement):
   """Moves a DTensor's per-device components onto `placement`'s layout.
 
@@ -200,13 +213,13 @@ def assemble(value, placement, local_shape, dtype):
 
   That is the whole array in one process, this process's part in several.
   """
-  components = dtensor.unpack(value)
+  blocks = components(value)
   if not any(dim is not None for dim in placement.spec):
-    return np.asarray(components[0].numpy())
+    return np.asarray(blocks[0].numpy())
   out = np.empty(local_shape, dtype=dtype)
   counts = placement.local_counts()
   seen = set()
-  for (_, index), component in zip(placement.local_view, components):
+  for (_, index), component in zip(placement.local_view, blocks):
     if index in seen:
       continue
     seen.add(index)
@@ -224,8 +237,8 @@ def relayout(value, placement):
   """The DTensor `value` on `placement`, on the devices where it can be.
 
   On the same mesh, or on a mesh of the same devices under other dimension
-  names, DTensor moves the blocks between the devices; between meshes of
-  other devices the array goes through the host.
+  names or another shape, DTensor moves the blocks between the devices;
+  between meshes of other devices the array goes through the host.
   """
   layout = dtensor.fetch_layout(value)
   if layout.mesh != placement.mesh:
@@ -239,5 +252,19 @@ def relayout(value, placement):
   if layout.mesh == placement.mesh:
     return dtensor.relayout(value, placement.layout)
   replicated = dtensor.Layout.replicated(layout.mesh, layout.rank)
-  host = dtensor.unpack(dtensor.relayout(value, replicated))[0].numpy()
-  return pack_global_array(host, placement)
+  whole = components(dtensor.relayout(value, replicated))
+  if _same_devices(layout.mesh, placement.mesh):
+    # Another shape of mesh over the same devices (a 2 x 4 shard_map's and
+    # an 8-device pmap's): every device already holds the whole array.
+    by_device = dict(zip(layout.mesh.local_devices(), whole))
+    value = dtensor.pack(
+        [by_device[device] for device in placement.mesh.local_devices()],
+        dtensor.Layout.replicated(placement.mesh, layout.rank))
+    return dtensor.relayout(value, placement.layout)
+  return pack_global_array(whole[0].numpy(), placement)
+
+
+def _same_devices(mesh, other):
+  """Whether two DTensor meshes span the same devices, in any order."""
+  return (mesh.size == other.size and
+          sorted(mesh.local_devices()) == sorted(other.local_devices()))

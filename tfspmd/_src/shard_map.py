@@ -190,6 +190,14 @@ def _checked_in_specs(fun, in_specs, out_specs, check_vma):
   if not isinstance(check_vma, bool):
     raise TypeError(f"shard_map: `check_vma` must be True or False, got "
                     f"{check_vma!r}.")
+  if isinstance(in_specs, list):
+    # As in JAX, whose spec tree is a prefix of the tuple of arguments.
+    written = ", ".join(map(repr, in_specs))
+    raise ValueError(
+        f"shard_map: in_specs is a list, [{written}]; in_specs gives one "
+        f"spec per positional argument in a tuple, as in JAX: write "
+        f"in_specs=({written}{',' if len(in_specs) == 1 else ''}) (a list "
+        f"argument takes a list inside that tuple).")
   if not (_is_spec(in_specs) or isinstance(in_specs, tuple)):
     in_specs = (in_specs,)  # the spec tree of a single argument
   # The spec trees are checked now, their leaves against each value.

@@ -17,7 +17,6 @@ from tfspmd._src import multiprocess_hooks
 from tfspmd._src import dtensor_device
 from tfspmd._src import named_sharding
 from tfspmd._src import placement as placement_lib
-from tfspmd._src import tf_internal
 
 # What `tf.as_dtype` accepts: tf.float32, np.float32, np.dtype, 'float32'.
 DTypeLike: TypeAlias = tf.DType | np.dtype | type | str
@@ -165,7 +164,7 @@ class ShardedArray:
     counts = self._placement.local_counts()
     shards = []
     with multiprocess_hooks.peer_failures():
-      components = dtensor.unpack(self._live())
+      components = placement_lib.components(self._live())
     for (device, index), data in zip(self._placement.local_view, components):
       shards.append(Shard(device=device, index=placement_lib.block_slices(
           index, self._shape.as_list(), counts), data=_on(device, data)))
@@ -177,11 +176,11 @@ class ShardedArray:
     Unpacking the DTensor into its per-device tensors waits for each of
     them; the eager executor's own wait does not cover a multi-device
     function's results (DTensor's multi-device expansion, TF 2.21).
+    Other Python threads run meanwhile (`placement_lib.components`).
     """
     self._check_alive()
     with multiprocess_hooks.peer_failures():
-      tf_internal.wait_for_pending_ops()
-      dtensor.unpack(self._live())
+      placement_lib.components(self._live())
     return self
 
   def is_deleted(self) -> bool:
@@ -435,7 +434,7 @@ class ShardedArray:
             f"index {key} is out of bounds for axis 0 with size {size}")
       key %= size
       with multiprocess_hooks.peer_failures():
-        components = dtensor.unpack(self._live())
+        components = placement_lib.components(self._live())
       for (device, index), data in zip(self._placement.local_view,
                                        components):
         if index[0] == key:

@@ -9,8 +9,10 @@ test suite runs on.
 """
 
 import contextlib
+import functools
 import logging
 import re
+import threading
 
 import tensorflow as tf
 
@@ -26,6 +28,9 @@ try:
   from tensorflow.core.lib.core import error_codes_pb2 as _error_codes
   from tensorflow.python.framework import func_graph as _func_graph
   from tensorflow.python.framework import op_callbacks as _op_callbacks
+  from tensorflow.python.ops import gen_resource_variable_ops as _gen_variables
+  from tensorflow.python.ops import gen_state_ops as _gen_state
+  from tensorflow.python.ops import gen_training_ops as _gen_training
   from tensorflow.python.ops import while_v2 as _while_v2
   from tensorflow.python.ops.parallel_for import pfor as _pfor
   from tensorflow.python.trackable import data_structures as _data_structures
@@ -315,6 +320,72 @@ def op_callback(callback):
     _op_callbacks.remove_op_callback(callback)
 
 
+# The checks `before_variable_writes` runs, per thread.
+_write_checks = threading.local()
+_write_guards_lock = threading.Lock()
+_write_guards_installed = []
+
+
+def _is_variable_write(function_name):
+  return (function_name.startswith("assign") and
+          function_name.endswith("_variable_op")) or function_name.startswith(
+              ("resource_scatter", "resource_apply_", "resource_sparse_apply_"))
+
+
+def _guarded_write(function, op_type):
+  """`function`, an op wrapper writing a variable, after this thread's checks."""
+  @functools.wraps(function)
+  def write(*args, **kwargs):
+    checks = getattr(_write_checks, "stack", ())
+    if checks:
+      resource = args[0] if args else kwargs.get("resource", kwargs.get("var"))
+      for check in checks:
+        check(op_type, resource)
+    return function(*args, **kwargs)
+  return write
+
+
+def _install_write_guards():
+  """Routes TensorFlow's variable-writing op wrappers through the checks.
+
+  Op callbacks see an eager op after it ran; `tf.Variable.assign` and its
+  kin, the scatters and the optimizers' apply ops call these module
+  functions (or their `tf.raw_ops` forms) first, so a check there can stop
+  a write before it happens. Done once per process; a thread with no
+  checks pays one lookup.
+  """
+  with _write_guards_lock:
+    if _write_guards_installed:
+      return
+    op_types = {name.lower(): name for name in dir(tf.raw_ops)}
+    for module in (_gen_variables, _gen_state, _gen_training):
+      for name in dir(module):
+        op_type = op_types.get(name.replace("_", ""))
+        if op_type is not None and _is_variable_write(name):
+          setattr(module, name, _guarded_write(getattr(module, name), op_type))
+          setattr(tf.raw_ops, op_type,
+                  _guarded_write(getattr(tf.raw_ops, op_type), op_type))
+    _write_guards_installed.append(True)
+
+
+@contextlib.contextmanager
+def before_variable_writes(check):
+  """Calls `check(op_type, resource)` before this thread writes a variable.
+
+  Covers writes through TensorFlow's Python API (`tf.Variable.assign`,
+  `scatter_*`, optimizers' apply ops, `tf.raw_ops`); raising from `check`
+  stops the write before it runs. An op built otherwise bypasses it (an op
+  callback sees it, after it ran).
+  """
+  _install_write_guards()
+  stack = getattr(_write_checks, "stack", ())
+  _write_checks.stack = stack + (check,)
+  try:
+    yield
+  finally:
+    _write_checks.stack = stack
+
+
 def tape_active():
   """True if any GradientTape is recording."""
   return _record.could_possibly_record()
@@ -472,10 +543,13 @@ def convert_graph_inline(op_inputs, graph, inputs, prepare, operations=()):
   for placeholder, value in zip(graph.inputs, inputs):
     conversion.define(placeholder, value)
   prepare(conversion, graph.get_operations())
+  caller = tf.compat.v1.get_default_graph()
+  first_op = len(caller.get_operations())
   outputs = [conversion.convert(tensor) for tensor in graph.outputs]
   for operation in operations:
     for target in operation.outputs or [operation]:
       conversion._converter._convert_helper(target)  # pylint: disable=protected-access
+  _copy_called_functions(caller.get_operations()[first_op:], graph, caller)
   return outputs
 
 

@@ -143,7 +143,7 @@ def _put_on_device(leaf, device, path):
       # Gathered on the devices; the block of `device` is then the whole.
       whole = value._whole_on_devices()  # pylint: disable=protected-access
       position = value.placement.mesh.local_devices().index(device.name)
-      value = dtensor.unpack(whole)[position]
+      value = placement_lib.components(whole)[position]
     else:
       value = value.numpy()
   with tf.device(device.name):

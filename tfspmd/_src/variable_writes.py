@@ -2,7 +2,7 @@
 
 Every device would assign its own value to the one variable. The compiled
 path finds a write when pfor cannot vectorize the op; debug mode, whose
-devices run eagerly, finds it as the op runs. Both raise `write_error`.
+devices run eagerly, finds it before the op runs. Both raise `write_error`.
 """
 
 import contextlib
@@ -31,12 +31,16 @@ def refused(axis_name):
   """Raises `write_error` at any variable write this thread runs or traces.
 
   A variable created here (a Keras layer building its weights on its first
-  call) may be given its initial value: the compiled path creates it
-  outside the program, too. TensorFlow reports an eager op after it ran, so
-  the first write has happened when the error is raised; nothing runs after
-  it.
+  call) may be given its initial value. A write through TensorFlow's Python API
+  (`assign`, `scatter_*`, an optimizer's apply, `tf.raw_ops`) is refused
+  before it runs, so the variable keeps its value; an op callback catches
+  any other, which TensorFlow reports after the op ran.
   """
   created = set()
+
+  def check_write(op_type, resource):
+    if id(resource) not in created:
+      raise write_error(op_type, axis_name)
 
   def check(op_type, inputs, attrs, outputs, *_, **__):
     del attrs  # unused
@@ -44,8 +48,9 @@ def refused(axis_name):
       op_type = op_type.decode()
     if op_type == "VarHandleOp":
       created.update(id(handle) for handle in outputs)
-    elif writes_variable(op_type) and id(inputs[0]) not in created:
-      raise write_error(op_type, axis_name)
+    elif writes_variable(op_type):
+      check_write(op_type, inputs[0])
 
-  with tf_internal.op_callback(check):
+  with tf_internal.op_callback(check), \
+       tf_internal.before_variable_writes(check_write):
     yield

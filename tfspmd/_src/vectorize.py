@@ -7,6 +7,7 @@ stacked results with the mapped axis where `out_axes` puts it.
 """
 
 import dataclasses
+import functools
 
 import tensorflow as tf
 
@@ -101,8 +102,15 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       args, kwargs = rebuild_args(per_device)
       graph = tf.compat.v1.get_default_graph()
       first_op = len(graph.get_operations())
-      with dtensor_rewrites.rewriting_scalar_selects():
-        result = fun(*args, **kwargs)
+      try:
+        # Refused as it is created: its initial value would otherwise be
+        # refused as a write the user never wrote.
+        with tf.variable_creator_scope(functools.partial(
+            _refuse_variable, axis_name=axis_name)), \
+            dtensor_rewrites.rewriting_scalar_selects():
+          result = fun(*args, **kwargs)
+      except tf.errors.OperatorNotAllowedInGraphError as e:
+        raise _python_control_flow_error(e, axis_name) from None
       # pfor's own converters for these give what DTensor cannot expand.
       new_ops = graph.get_operations()[first_op:]
       control_flow.mark(new_ops)
@@ -160,6 +168,42 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
                           sorted(effects, key=lambda record: record.key)))
 
 
+def _refuse_variable(next_creator, axis_name, **kwargs):
+  """A variable creator that refuses: the mapped function made a variable."""
+  del next_creator  # unused: nothing is created
+  name = kwargs.get("name")
+  raise ValueError(
+      f"the function mapped over axis {axis_name!r} creates a tf.Variable"
+      f"{'' if name is None else f' ({name})'}; a mapped function cannot "
+      f"create variables. Create it outside the mapped function and pass "
+      f"its value in as an argument (in_axes=None for a value every device "
+      f"shares), or read it inside: reading a variable created outside is "
+      f"fine. A Keras layer or model makes its weights on its first call: "
+      f"build it (or call it once) outside first.")
+
+
+def _python_control_flow_error(error, axis_name):
+  """What to write instead of Python control flow on a per-device tensor.
+
+  TensorFlow's own message advises @tf.function, which does not help here:
+  the mapped function is traced once for every device, as under jax.pmap.
+  """
+  if "Iterating over" in str(error):
+    used = "iterates over a tensor with a Python for loop"
+    instead = ("use tf.range in a tf.while_loop, tf.map_fn or tf.scan, or "
+               "vectorized ops over the tensor")
+  else:
+    used = ("uses a tensor as a Python bool (an `if`, `while`, `and`, `or`, "
+            "`not` or `assert` on a tensor)")
+    instead = ("use tf.cond or tf.where to choose between values, and "
+               "tf.while_loop for a loop")
+  return TypeError(
+      f"the function mapped over axis {axis_name!r} {used}, but its tensors "
+      f"are traced once for every device, as under jax.pmap, and have no "
+      f"value yet: {instead}. To run Python on each device's values "
+      f"while debugging, run the pmap with debug=True.")
+
+
 def _unvectorizable_error(op_type, input_name, axis_name):
   if input_name is not None:
     return ValueError(
@@ -188,13 +232,23 @@ def _unvectorizable_error(op_type, input_name, axis_name):
 
 def output_tensor(leaf, path):
   try:
-    return tf.convert_to_tensor(leaf)
+    tensor = tf.convert_to_tensor(leaf)
   except (TypeError, ValueError) as e:
     raise TypeError(
         f"the pmapped function returned a {type(leaf).__name__} at {path}, "
         f"which is not convertible to a tensor ({e}). Return tensors, NumPy "
         f"arrays or Python numbers, in tuples, lists, dicts or namedtuples."
     ) from None
+  if tensor.dtype == tf.string:
+    # The devices' programs carry numbers only: DTensor cannot place strings.
+    what = (f"the string {leaf!r}" if isinstance(leaf, (str, bytes))
+            else f"a {type(leaf).__name__} of strings")
+    raise TypeError(
+        f"the pmapped function returned {what} at {path}; outputs must be "
+        f"numbers or bools (tensors, NumPy arrays or Python numbers). Return "
+        f"a number (a class index, a code) and map it to the string outside "
+        f"the pmap.")
+  return tensor
 
 
 def _mark_invariant(value, k, frame, invariant, varying):
