@@ -6,7 +6,7 @@ attention's blocks); a psum_scatter's result next to an all_gather's on a
 (4, 2) mesh asked DTensor for a transpose it does not expand (the shard_map
 tutorial's FSDP + TP network); a select whose scalar condition and operands
 are the same on every device crashed the process in DTensor's layout
-propagation.
+propagation, and so did a scatter_nd with int64 indices.
 """
 
 import numpy as np
@@ -271,3 +271,45 @@ def test_a_scalar_condition_select_of_a_constant_and_its_gradient():
   np.testing.assert_allclose(out, (x.numpy() * w[1]).sum(1), rtol=1e-6)
   np.testing.assert_allclose(tape.gradient(out, x), np.tile(w[1], (N, 1)),
                              rtol=1e-6)
+
+
+# --- scatters with int64 indices ------------------------------------------------
+
+
+@pytest.mark.parametrize("varies", [True, False], ids=["per-device", "same"])
+def test_scatter_nd_with_int64_indices(varies):
+  x = data(N, 4)
+
+  def f(x):
+    if varies:
+      indices = tf.reshape(tf.argmax(x, output_type=tf.int64), [1, 1])
+    else:
+      indices = tf.constant([[0], [3]], tf.int64)
+    updates = tf.ones([tf.shape(indices)[0]])
+    return x + tf.scatter_nd(indices, updates, tf.constant([4], tf.int64))
+
+  expected = x.copy()
+  for device in range(N):
+    for index in ([x[device].argmax()] if varies else [0, 3]):
+      expected[device, index] += 1
+  np.testing.assert_allclose(tfspmd.pmap(f, "i")(x), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["update", "add", "max"])
+def test_tensor_scatter_with_int64_indices_on_per_device_values(op):
+  x = data(N, 4)
+  indices = np.array([[1], [2]], np.int64)
+  updates = np.array([5.0, -5.0], np.float32)
+  scatter = {"update": tf.tensor_scatter_nd_update,
+             "add": tf.tensor_scatter_nd_add,
+             "max": tf.tensor_scatter_nd_max}[op]
+  out = tfspmd.pmap(lambda v: scatter(v, indices, updates), "i")(x)
+  expected = x.copy()
+  for row, value in zip(indices[:, 0], updates):
+    if op == "update":
+      expected[:, row] = value
+    elif op == "add":
+      expected[:, row] += value
+    else:
+      expected[:, row] = np.maximum(expected[:, row], value)
+  np.testing.assert_allclose(out, expected, rtol=1e-6)

@@ -18,9 +18,9 @@ even between operands of one shape), which a per-device rank of 8 reaches
 once stacked over the devices: there the operands are broadcast to the
 result's shape and `Select` picks. A select with a scalar condition on
 operands that are the same on every device crashes the process in DTensor's
-layout propagation; pfor copies such an op as it is, with no converter, so
-it is rewritten as the per-device function traces, its condition broadcast
-to the result's shape (`rewriting_scalar_selects`).
+layout propagation, and so does a `ScatterNd` with int64 indices; pfor
+copies such ops as they are, with no converter, so they are rewritten as
+the per-device function traces (`rewriting_traced_ops`).
 """
 
 import contextlib
@@ -51,33 +51,42 @@ _rewriting = threading.local()
 
 
 @contextlib.contextmanager
-def rewriting_scalar_selects():
-  """Within, the selects traced with a scalar condition get a full one.
+def rewriting_traced_ops():
+  """Within, ops DTensor mishandles are rewritten as they are traced.
 
-  Nested pmaps trace within their enclosing one's: the rewrite is installed
-  once, by the outermost.
+  pfor copies an op whose inputs are the same on every device as it is,
+  with no converter, so these are rewritten before pfor sees them (an op
+  callback): a select with a scalar condition gets a full one, and the
+  scatters take int32 indices (`_REWRITES`). Nested pmaps trace within
+  their enclosing one's: the rewrite is installed once, by the outermost.
   """
   if getattr(_rewriting, "active", False):
     yield
     return
   _rewriting.active = True
   try:
-    with tf_internal.op_callback(_broadcast_scalar_selects):
+    with tf_internal.op_callback(_rewritten_op):
       yield
   finally:
     _rewriting.active = False
 
 
-def _broadcast_scalar_selects(op_type, inputs, attrs, outputs, op_name=None,
-                              graph=None):
-  """An op callback: a scalar-condition select as one of a full condition.
-
-  Returns the outputs of the rewritten select (`Select` or `SelectV2`), or
-  None to keep the op.
-  """
+def _rewritten_op(op_type, inputs, attrs, outputs, op_name=None, graph=None):
+  """An op callback: the outputs of the rewritten op, or None to keep it."""
   del attrs, graph
-  if op_type not in ("Select", "SelectV2") or tf.executing_eagerly():
+  rewrite = _REWRITES.get(op_type)
+  if rewrite is None or tf.executing_eagerly():
     return None
+  return rewrite(op_type, inputs, outputs, op_name)
+
+
+def _full_condition_select(op_type, inputs, outputs, name):
+  """A `Select` or `SelectV2` with a scalar condition, as one of a full one.
+
+  DTensor's layout propagation crashes the process on the scalar condition
+  (TF 2.21).
+  """
+  del op_type
   condition, on_true, on_false = inputs
   shape = outputs[0].shape
   if condition.shape.rank != 0 or shape.rank in (0, None):
@@ -87,7 +96,45 @@ def _broadcast_scalar_selects(op_type, inputs, attrs, outputs, op_name=None,
   else:
     target = tf.broadcast_dynamic_shape(tf.shape(on_true), tf.shape(on_false))
   return [tf.raw_ops.SelectV2(condition=tf.broadcast_to(condition, target),
-                              t=on_true, e=on_false, name=op_name)]
+                              t=on_true, e=on_false, name=name)]
+
+
+_INT32_LIMIT = 2**31 - 1
+
+
+def _int32_indices(op_type, inputs, outputs, name):
+  """A scatter with int64 indices, as one with int32 indices.
+
+  DTensor's expansion of `ScatterNd` with int64 indices aborts the process
+  or fails as it runs, and pfor's converter of `TensorScatterUpdate` mixes
+  int32 and int64 (TF 2.21). Sizes that fit in int32 lose nothing.
+  """
+  shape = outputs[0].shape
+  if inputs[1 if op_type != "ScatterNd" else 0].dtype != tf.int64 or not (
+      shape.is_fully_defined() and max(shape.as_list(), default=0) <=
+      _INT32_LIMIT):
+    return None
+  if op_type == "ScatterNd":
+    indices, updates, size = inputs
+    return [tf.raw_ops.ScatterNd(
+        indices=tf.cast(indices, tf.int32), updates=updates,
+        shape=tf.cast(size, tf.int32), name=name)]
+  tensor, indices, updates = inputs
+  return [getattr(tf.raw_ops, op_type)(
+      tensor=tensor, indices=tf.cast(indices, tf.int32), updates=updates,
+      name=name)]
+
+
+_REWRITES = {
+    "Select": _full_condition_select,
+    "SelectV2": _full_condition_select,
+    "ScatterNd": _int32_indices,
+    "TensorScatterUpdate": _int32_indices,
+    "TensorScatterAdd": _int32_indices,
+    "TensorScatterSub": _int32_indices,
+    "TensorScatterMax": _int32_indices,
+    "TensorScatterMin": _int32_indices,
+}
 
 
 @_do_not_convert

@@ -107,7 +107,7 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
         # refused as a write the user never wrote.
         with tf.variable_creator_scope(functools.partial(
             _refuse_variable, axis_name=axis_name)), \
-            dtensor_rewrites.rewriting_scalar_selects():
+            dtensor_rewrites.rewriting_traced_ops():
           result = fun(*args, **kwargs)
       except tf.errors.OperatorNotAllowedInGraphError as e:
         raise _python_control_flow_error(e, axis_name) from None
