@@ -49,3 +49,13 @@ def _resolved_axis(spec, per_device_rank, path):
         f"rank {rank} (per-device rank {per_device_rank}, plus the mapped "
         f"axis): the axis must be in [{-rank}, {rank}).")
   return spec % rank
+
+
+def varying_output_error(path, axis_name):
+  """pmap's error for an out_axes=None output `path` that varies."""
+  return ValueError(
+      f"out_axes=None for {path}, but that output varies across the devices "
+      f"of axis {axis_name!r}: out_axes=None returns one value, so the output "
+      f"must be the same on every device (for example the result of "
+      f"psum/pmean over that axis). Give it an integer out_axes to keep every "
+      f"device's value.")

@@ -53,6 +53,19 @@ class PmappedFunction:
     """The pmap's checked arguments."""
     return self._options
 
+  def over_the_same_axis(self, fun, in_axes, out_axes, debug=False):
+    """A pmap of `fun` over this one's axis, devices and axis size.
+
+    The pmap of a VJP: it keeps the forward's axis size, since the VJP has
+    no mapped argument when the forward had none (a shard_map axis no spec
+    names).
+    """
+    options = self._options
+    return PmappedFunction(pmap_options.checked_options(
+        fun, axis_name=options.axis_name, in_axes=in_axes, out_axes=out_axes,
+        devices=options.devices, backend=options.backend,
+        axis_size=options.args.axis_size, debug=debug, level=options.level))
+
   @property
   def programs(self) -> lru.LRUCache:
     """The compiled programs of this pmap, by call signature."""
@@ -122,17 +135,8 @@ class PmappedFunction:
     vjp = self._vjps.get(key)
     if vjp is None:
       options = self._options
-
-      def make_pmap(fun, in_axes, out_axes):
-        # The forward's axis size: the VJP has no mapped argument when the
-        # forward had none (a shard_map axis no spec names).
-        return PmappedFunction(pmap_options.checked_options(
-            fun, axis_name=options.axis_name, in_axes=in_axes,
-            out_axes=out_axes, devices=options.devices,
-            backend=options.backend, axis_size=options.args.axis_size,
-            level=options.level))
       vjp = pmap_gradient.VjpProgram(
-          make_pmap, options.fun, call.rebuilder(), call.in_axes,
+          self.over_the_same_axis, options.fun, call.rebuilder(), call.in_axes,
           program.output_axes, program.trainable_variables,
           options.axis_name)
       self._vjps.put(key, vjp)

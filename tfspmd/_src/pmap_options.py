@@ -15,8 +15,8 @@ from tfspmd._src import arguments
 from tfspmd._src import axis_env
 from tfspmd._src import devices as devices_lib
 from tfspmd._src import mapped_args
+from tfspmd._src import out_axes as out_axes_lib
 from tfspmd._src import steps as steps_lib
-from tfspmd._src import vectorize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +59,7 @@ class PmapOptions:
     shard_map with `check_vma=False`).
     """
     if self.level is None:
-      return vectorize.varying_output_error(path, axis_name)
+      return out_axes_lib.varying_output_error(path, axis_name)
     if not self.level.check_invariant:
       return None
     return ValueError(

@@ -24,16 +24,6 @@ from tfspmd._src import variable_writes
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
 
-def varying_output_error(path, axis_name):
-  """pmap's error for an out_axes=None output `path` that varies."""
-  return ValueError(
-      f"out_axes=None for {path}, but that output varies across the devices "
-      f"of axis {axis_name!r}: out_axes=None returns one value, so the output "
-      f"must be the same on every device (for example the result of "
-      f"psum/pmean over that axis). Give it an integer out_axes to keep every "
-      f"device's value.")
-
-
 @dataclasses.dataclass
 class MappedResult:
   """The outputs of `map_over_axis`.
@@ -60,7 +50,7 @@ class MappedResult:
 
 def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
                   out_axes, on_slice=None,
-                  varying_output_error=varying_output_error):
+                  varying_output_error=out_axes_lib.varying_output_error):
   """Traces `fun` once per position of one axis, vectorized by pfor.
 
   Args:

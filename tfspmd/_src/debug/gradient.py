@@ -9,7 +9,6 @@ the variables a function used.
 """
 
 from tfspmd._src import pmap_gradient
-from tfspmd._src import pmap_options
 from tfspmd._src import tree
 
 # pylint: disable=protected-access
@@ -49,11 +48,8 @@ def recorded_call(pmapped, run, bound):
     for variable in variables:
       variable.read_value()
     vjp.program = pmap_gradient.VjpProgram(
-        lambda fun, in_axes, out_axes: type(pmapped)(
-            pmap_options.checked_options(
-                fun, axis_name=pmapped.options.axis_name, in_axes=in_axes,
-                out_axes=out_axes, devices=pmapped.options.devices,
-                backend=pmapped.options.backend, debug=True)),
+        lambda fun, in_axes, out_axes: pmapped.over_the_same_axis(
+            fun, in_axes, out_axes, debug=True),
         pmapped.options.fun, bound.rebuild, bound.in_axes, out_axes, variables,
         pmapped.options.axis_name)
     leaves, found["treedef"] = tree.flatten(outputs)
