@@ -11,6 +11,7 @@ import numpy as np
 from tensorflow.experimental import dtensor
 
 import tfspmd
+from tfspmd._src import dtensor_device  # pylint: disable=protected-access
 from tfspmd._src import mesh as mesh_lib  # pylint: disable=protected-access
 from tfspmd._src import placement as placement_lib  # pylint: disable=protected-access
 from tfspmd._src import pmap_trace  # pylint: disable=protected-access
@@ -64,7 +65,8 @@ def pack(components, devices, split):
   if split:
     shape[0] *= len(devices)
   where = placement(devices, len(shape), split)
-  value = dtensor.pack(list(components), where.layout)
+  with dtensor_device.entry:
+    value = dtensor.pack(list(components), where.layout)
   return tfspmd.ShardedArray(value, where, shape, first.dtype)
 
 

@@ -1,5 +1,8 @@
 """tfspmd.adapters.tf_data: global batches become per-device batches on the devices."""
 
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -216,3 +219,50 @@ def test_pad_rows_pads_every_leaf_and_marks_the_real_rows():
                                                    np.zeros((3, 2))])
   np.testing.assert_array_equal(padded["y"], [0, 1, 2, 3, 4, 0, 0, 0])
   np.testing.assert_array_equal(rows, [1] * 5 + [0] * 3)
+
+
+_PLACING_WHILE_COMPILING = """
+import threading
+import numpy as np
+import tensorflow as tf
+import tfspmd
+from tfspmd import lax
+from tfspmd.adapters import tf_data
+
+rows = np.arange(4096 * 4, dtype=np.float32).reshape(4096, 4)
+dataset = tf.data.Dataset.from_tensor_slices((rows, rows[:, 0])).batch(16)
+stop = threading.Event()
+placed = []
+
+def place_batches():
+  while not stop.is_set():
+    for batch in tf_data.device_batches(dataset.repeat(), steps_per_call=3):
+      placed.append(batch)
+      del placed[:-2]
+      if stop.is_set():
+        break
+
+thread = threading.Thread(target=place_batches)
+thread.start()
+for k in range(12):
+  def loop(x, k=k):
+    body = lambda i, v: (i + 1, v * (k + 1.0) + lax.psum(v, "i"))
+    return tf.while_loop(lambda i, v: i < 2, body, (0, x))[1]
+  out = np.asarray(tfspmd.pmap(loop, "i")(np.ones((8, 2), np.float32)))
+  print(out[0, 0])
+stop.set()
+thread.join()
+"""
+
+
+def test_placing_batches_in_a_thread_while_programs_compile():
+  # DTensor's device corrupted a mutex and aborted the process when a
+  # program's first call and a placement ran in two threads at once: this
+  # runs a dozen first calls while batches are placed in a thread.
+  env = dict(os.environ, TFSPMD_NUM_CPU_DEVICES="8", TF_CPP_MIN_LOG_LEVEL="3")
+  run = subprocess.run([sys.executable, "-c", _PLACING_WHILE_COMPILING],
+                       env=env, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  # v <- v * (k + 1) + 8 v twice, from 1.
+  expected = [(k + 9.0) ** 2 for k in range(12)]
+  np.testing.assert_allclose([float(v) for v in run.stdout.split()], expected)

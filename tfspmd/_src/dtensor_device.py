@@ -15,6 +15,11 @@ and moves to the new device the first time it is used (`current`). A traced
 program that ran on a replaced device cannot run on the new one (the
 functions DTensor made of it keep their names there): `generation` tells the
 caches to trace again.
+
+DTensor's device is not safe to enter from two threads at once (TF 2.21): a
+program's first call while another thread placed batches on the devices
+corrupted a mutex and aborted the process. Every call tfspmd makes into it,
+in whichever thread, holds `entry`.
 """
 
 import threading
@@ -24,6 +29,7 @@ from tensorflow.experimental import dtensor
 from tfspmd._src import tf_internal
 
 _lock = threading.Lock()
+entry = threading.RLock()
 _generation = 0
 _replaced = {}  # device name -> replaced DTensorDevice, to read its values.
 
@@ -52,4 +58,5 @@ def current(value):
   old = _replaced.get(value.device) if _replaced else None
   if old is None:
     return value
-  return dtensor.pack(old.unpack(value), old.fetch_layout(value))
+  with entry:
+    return dtensor.pack(old.unpack(value), old.fetch_layout(value))

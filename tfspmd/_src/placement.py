@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tensorflow.experimental import dtensor
 
+from tfspmd._src import dtensor_device
 from tfspmd._src import tf_internal
 
 if TYPE_CHECKING:
@@ -152,8 +153,9 @@ def pack_host_array(array, placement, blocks=None):
   """
   if blocks is None:
     blocks = host_blocks(placement, array.shape)
-  return dtensor.pack([array if block is None else array[block]
-                       for block in blocks], placement.layout)
+  with dtensor_device.entry:
+    return dtensor.pack([array if block is None else array[block]
+                         for block in blocks], placement.layout)
 
 
 def pack_global_array(array, placement):
@@ -161,7 +163,8 @@ def pack_global_array(array, placement):
   counts = placement.counts()
   components = [array[block_slices(index, array.shape, counts)]
                 for _, index in placement.local_blocks]
-  return dtensor.pack(components, placement.layout)
+  with dtensor_device.entry:
+    return dtensor.pack(components, placement.layout)
 
 
 def renamed(placement, mesh_key):
@@ -196,7 +199,8 @@ def components(value):
   executor's wait releases it, so it waits first.
   """
   tf_internal.wait_for_pending_ops()
-  return dtensor.unpack(value)
+  with dtensor_device.entry:
+    return dtensor.unpack(value)
 
 
 def repack(value, placement):
@@ -205,7 +209,8 @@ def repack(value, placement):
   Only valid when each local device of `placement` already holds exactly the
   block it needs (the same split over the same devices, under another mesh).
   """
-  return dtensor.pack(dtensor.unpack(value), placement.layout)
+  with dtensor_device.entry:
+    return dtensor.pack(dtensor.unpack(value), placement.layout)
 
 
 def assemble(value, placement, local_shape, dtype):
@@ -229,8 +234,9 @@ def assemble(value, placement, local_shape, dtype):
 
 def replicated(tensor, mesh):
   """An eager tensor copied whole to every device of `mesh`, as a DTensor."""
-  return dtensor.copy_to_mesh(
-      tensor, dtensor.Layout.replicated(mesh, tensor.shape.rank))
+  with dtensor_device.entry:
+    return dtensor.copy_to_mesh(
+        tensor, dtensor.Layout.replicated(mesh, tensor.shape.rank))
 
 
 def relayout(value, placement):
@@ -240,27 +246,30 @@ def relayout(value, placement):
   names or another shape, DTensor moves the blocks between the devices;
   between meshes of other devices the array goes through the host.
   """
-  layout = dtensor.fetch_layout(value)
-  if layout.mesh != placement.mesh:
-    renamed = renamed_layout(layout, placement.mesh)
-    if renamed is not None:
-      # A shard_map's mesh and a pmap's over the same devices: each device
-      # keeps its blocks.
-      value, layout = dtensor.pack(dtensor.unpack(value), renamed), renamed
-  if layout == placement.layout:
-    return value
-  if layout.mesh == placement.mesh:
-    return dtensor.relayout(value, placement.layout)
-  replicated = dtensor.Layout.replicated(layout.mesh, layout.rank)
-  whole = components(dtensor.relayout(value, replicated))
+  with dtensor_device.entry:
+    layout = dtensor.fetch_layout(value)
+    if layout.mesh != placement.mesh:
+      renamed = renamed_layout(layout, placement.mesh)
+      if renamed is not None:
+        # A shard_map's mesh and a pmap's over the same devices: each device
+        # keeps its blocks.
+        value, layout = dtensor.pack(dtensor.unpack(value), renamed), renamed
+    if layout == placement.layout:
+      return value
+    if layout.mesh == placement.mesh:
+      return dtensor.relayout(value, placement.layout)
+    replicated = dtensor.Layout.replicated(layout.mesh, layout.rank)
+    whole_on_each = dtensor.relayout(value, replicated)
+  whole = components(whole_on_each)
   if _same_devices(layout.mesh, placement.mesh):
     # Another shape of mesh over the same devices (a 2 x 4 shard_map's and
     # an 8-device pmap's): every device already holds the whole array.
     by_device = dict(zip(layout.mesh.local_devices(), whole))
-    value = dtensor.pack(
-        [by_device[device] for device in placement.mesh.local_devices()],
-        dtensor.Layout.replicated(placement.mesh, layout.rank))
-    return dtensor.relayout(value, placement.layout)
+    with dtensor_device.entry:
+      value = dtensor.pack(
+          [by_device[device] for device in placement.mesh.local_devices()],
+          dtensor.Layout.replicated(placement.mesh, layout.rank))
+      return dtensor.relayout(value, placement.layout)
   return pack_global_array(whole[0].numpy(), placement)
 
 

@@ -114,15 +114,17 @@ def run(program, values, axis_name):
                 values, program.input_placements, program.input_blocks)]
   try:
     with dtensor_settings.applied(program.dtensor_switches):
-      if placed:
-        outputs = program.function(*placed)
-      else:
-        with dtensor.default_mesh(program.mesh):
-          outputs = program.function()
+      with dtensor_device.entry:
+        if placed:
+          outputs = program.function(*placed)
+        else:
+          with dtensor.default_mesh(program.mesh):
+            outputs = program.function()
       if program.may_fail:
         tf_internal.wait_for_pending_ops()
-        for output in outputs:
-          dtensor.unpack(output)
+        with dtensor_device.entry:
+          for output in outputs:
+            dtensor.unpack(output)
       count = len(program.output_placements)
       if program.effects:
         effects = pmap_trace.effect_values(program, [

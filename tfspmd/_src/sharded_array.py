@@ -255,9 +255,10 @@ class ShardedArray:
     self._check_alive()
     if self._whole_on_each_device is None:
       value = self._live()
-      self._whole_on_each_device = dtensor.relayout(
-          value, dtensor.Layout.replicated(self._placement.mesh,
-                                           value.shape.rank))
+      with dtensor_device.entry:
+        self._whole_on_each_device = dtensor.relayout(
+            value, dtensor.Layout.replicated(self._placement.mesh,
+                                             value.shape.rank))
     self._whole_on_each_device = dtensor_device.current(
         self._whole_on_each_device)
     return self._whole_on_each_device

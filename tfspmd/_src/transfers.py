@@ -18,6 +18,7 @@ from tensorflow.experimental import dtensor
 
 from tfspmd._src import arguments
 from tfspmd._src import devices as devices_lib
+from tfspmd._src import dtensor_device
 from tfspmd._src import multiprocess_hooks
 from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import placement as placement_lib
@@ -239,8 +240,9 @@ def _pack_stack(blocks, devices, path):
           f"{path.replace('[k]', '[0]')} {first.shape.as_list()} and "
           f"{first.dtype.name}; the shards must agree to be stacked.")
   placement = _stacked_placement(len(devices), first.shape.rank, devices)
-  value = dtensor.pack([tf.expand_dims(t, 0) for t in tensors],
-                       placement.layout)
+  with dtensor_device.entry:
+    value = dtensor.pack([tf.expand_dims(t, 0) for t in tensors],
+                         placement.layout)
   return ShardedArray(value, placement, placement.local_shape(value.shape),
                       value.dtype)
 
