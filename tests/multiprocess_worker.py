@@ -129,19 +129,78 @@ def collectives():
       "axis_index": lambda v: v[:1] * 0 + tf.cast(lax.axis_index("i"),
                                                   tf.float32),
   }
-  return {name: np.asarray(tfspmd.pmap(f, axis_name="i")(row)).tolist()
-          for name, f in programs.items()}
+  report = {name: np.asarray(tfspmd.pmap(f, axis_name="i")(row)).tolist()
+            for name, f in programs.items()}
+  # Nested pmaps, outer 4 x inner 2: each process holds one position of
+  # each, so passes arrays of leading shape (1, 1).
+  nested = _nested_collectives(row.reshape(1, 1, 8, 1), 4, 2)
+  report.update({f"nested/{key}": value for key, value in nested.items()})
+  return report
 
 
-def inner_across_processes():
-  """A nested pmap whose inner axis would span processes: one device each."""
+def _nested_collectives(part, outer, inner):
+  """`_collectives_over` inner, outer and both axes of nested pmaps.
+
+  Each process passes its block of the global array: leading dimensions its
+  positions along 'o' and along 'i'; the inner pmap's axis_size is the
+  global size of 'i', which crosses processes.
+  """
+  report = {}
+  for group, count in ((("i",), inner), (("o",), outer),
+                       (("o", "i"), outer * inner)):
+    key = "+".join(group)
+    try:
+      out = tfspmd.pmap(tfspmd.pmap(
+          _collectives_over(group, count),
+          axis_name="i", axis_size=inner), axis_name="o")(part)
+      report[key] = {name: np.asarray(value).tolist()
+                     for name, value in out.items()}
+    except Exception as e:  # pylint: disable=broad-except
+      report[key] = f"{type(e).__name__}: {e}"
+  return report
+
+
+def nested_across_processes():
+  """Nested pmaps, outer 2 x inner 4, over 4 processes x 2 devices.
+
+  The global array is arange(128).reshape(2, 4, 8, 2); process k holds
+  position k // 2 of 'o' and positions 2 (k % 2), 2 (k % 2) + 1 of 'i'.
+  """
   _initialize()
-  inner = tfspmd.pmap(lambda v: lax.psum(v, "c"), axis_name="c")
+  me = tfspmd.process_index()
+  x = np.arange(128, dtype=np.float32).reshape(2, 4, 8, 2)
+  i = 2 * (me % 2)
+  report = _nested_collectives(x[me // 2:me // 2 + 1, i:i + 2], 2, 4)
+  # The block of 2 'o' positions x 1 'i' position is not this process's.
   try:
-    out = tfspmd.pmap(inner, axis_name="r")(np.ones((1, 2), np.float32))
+    tfspmd.pmap(tfspmd.pmap(lambda v: lax.psum(v, "i"), axis_name="i",
+                            axis_size=4), axis_name="o")(x[:2, :1])
+    report["wrong_part"] = None
   except ValueError as e:
-    return {"error": type(e).__name__, "message": str(e)}
-  return {"error": None, "value": np.asarray(out).tolist()}
+    report["wrong_part"] = str(e)
+  return report
+
+
+def nested_not_a_block():
+  """Nested pmaps whose grid does not split into 2 processes x 3 devices.
+
+  Outer 3 x inner 2 over 6 devices: process 0 holds positions (0, 0),
+  (0, 1) and (1, 0). Then inputs holding more positions than devices.
+  """
+  _initialize()
+  report = {}
+  inner = tfspmd.pmap(lambda v: lax.psum(v, "c"), axis_name="c", axis_size=2)
+  for key, f, part in (
+      ("not_a_block", tfspmd.pmap(inner, axis_name="r"),
+       np.ones((3, 1, 2), np.float32)),
+      ("too_many", tfspmd.pmap(tfspmd.pmap(lambda v: lax.psum(v, "c"),
+                                           axis_name="c"), axis_name="r"),
+       np.ones((1, 6), np.float32))):
+    try:
+      report[key] = np.asarray(f(part)).tolist()
+    except ValueError as e:
+      report[key] = str(e)
+  return report
 
 
 def _collectives_over(group, count):
@@ -402,7 +461,8 @@ def without_initialize():
 
 if __name__ == "__main__":
   result = {"seed": seed, "nested": nested, "collectives": collectives,
-            "inner_across_processes": inner_across_processes,
+            "nested_across_processes": nested_across_processes,
+            "nested_not_a_block": nested_not_a_block,
             "shard_map_processes": shard_map_processes,
             "dead_peer": dead_peer,
             "never_joined": never_joined, "gpu_pair": gpu_pair,

@@ -2308,6 +2308,28 @@ PLACEHOLDERS = [
      "part of args[0] has size 3 along dimension 0, which the in spec "
      "PartitionSpec('x') splits into the blocks of this process's mesh "
      "positions (4 along 'x'): 3 is not divisible by 4. ...\""),
+    (PROCESSES, "nested pmaps whose axes cross processes, where a "
+     "process's devices are not a block of the grid of the shape it passes",
+     "ValueError: \"pmap: with several processes the nested pmaps' axes 'o' "
+     "(2) x 'i' (4) form a grid over tfspmd.devices() in process order "
+     "(outer axis slowest), and process 0's devices lie at its positions "
+     "[(0, 0), (0, 1)]: they hold [1, 2] positions along the axes, but its "
+     "inputs hold [2, 1]. Pass, for each mapped input, arrays of leading "
+     "shape (1, 2): ...\" (or: they are not a block of it ... Choose sizes "
+     "for which each process's 3 devices are a block ...; "
+     "docs/multiprocess.md, Nested pmaps with several processes)"),
+    (PROCESSES, "nested pmaps whose inputs hold more positions than the "
+     "process has devices, or a crossing axis's sizes that do not fit",
+     "ValueError: \"compiling computation that requires 12 replicas ... "
+     "With several processes each process passes, for each mapped input, "
+     "the block of the global array its own devices hold: this process's "
+     "inputs hold 6 positions of the nested pmaps' grid, but it has 3 "
+     "devices. Pass the positions of its devices only, and give a nested "
+     "pmap whose axis crosses processes its global size as axis_size= "
+     "...\"; also a ValueError where a nested pmap's axis_size is not a "
+     "multiple of what its inputs hold, where the global sizes do not "
+     "divide the grid, or where a crossing axis maps a value that is no "
+     "input of the outermost pmap"),
     (PROCESSES, "processes calling pmaps in different orders, or giving "
      "devices= different lists", "not detected: matching collectives give "
      "wrong values, others raise the errors above (docs/multiprocess.md, "

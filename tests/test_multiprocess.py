@@ -447,20 +447,77 @@ def test_nested_axes_index_the_outer_axis_across_processes(nested):
     assert report["linear_index"] == [[2 * process, 2 * process + 1]]
 
 
-def test_a_nested_axis_that_would_span_processes_is_a_clear_error():
+@pytest.fixture(scope="module")
+def nested_across():
   port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
-  reports = _run([("inner_across_processes", k, None, _coordinated(port, 2, k))
-                  for k in range(2)], devices=1)
-  for report in reports:
-    assert report["error"] == "ValueError"
-    assert report["message"].endswith(
-        "With several processes the outermost pmap's axis spans the "
-        "processes and the nested axes lie within each process, as in JAX: "
-        "the nested axes need 2 devices in every process, which has 1. Give "
-        "each process at least 2 devices, map the inner axis with "
-        "tfspmd.vmap (its collectives stay on the device), or use "
-        "tfspmd.shard_map over a tfspmd.make_mesh of tfspmd.devices(), whose "
-        "axes may cross processes.")
+  return _run([("nested_across_processes", k, None, _coordinated(port, 4, k))
+               for k in range(4)], devices=2)
+
+
+def _check_nested_collectives(reports, blocks, part, prefix=""):
+  """Each report's nested collectives against NumPy on the global `blocks`.
+
+  `blocks` has the grid's shape ('o', 'i') first, then a device's block;
+  `part(whole, k)` is process k's block of a global result; the reports'
+  keys are the groups' names after `prefix`.
+  """
+  for group in (("i",), ("o",), ("o", "i")):
+    key = "+".join(group)
+    for name, rule in _RULES.items():
+      whole = _per_device(blocks, ("o", "i"), group, rule)
+      for k, report in enumerate(reports):
+        got = report[prefix + key]
+        assert isinstance(got, dict), got
+        np.testing.assert_allclose(got[name], part(whole, k), rtol=1e-6,
+                                   err_msg=f"{key} {name} {k}")
+
+
+def test_every_collective_of_nested_pmaps_whose_inner_axis_crosses_processes(
+    nested_across):
+  # Outer 2 x inner 4 over 4 processes x 2 devices: process k holds 'o'
+  # position k // 2 and 'i' positions 2 (k % 2) and 2 (k % 2) + 1.
+  x = np.arange(128.0).reshape(2, 4, 8, 2)
+  _check_nested_collectives(
+      nested_across, x,
+      lambda whole, k: whole[k // 2:k // 2 + 1, 2 * (k % 2):2 * (k % 2) + 2])
+
+
+def test_a_process_passing_another_block_than_its_devices_hold(nested_across):
+  for k, report in enumerate(nested_across):
+    i = 2 * (k % 2)
+    assert report["wrong_part"] == (
+        f"pmap: with several processes the nested pmaps' axes 'o' (2) x 'i' "
+        f"(4) form a grid over tfspmd.devices() in process order (outer axis "
+        f"slowest), and process {k}'s devices lie at its positions "
+        f"[({k // 2}, {i}), ({k // 2}, {i + 1})]: they hold [1, 2] positions "
+        f"along the axes, but its inputs hold [2, 1]. Pass, for each mapped "
+        f"input, arrays of leading shape (1, 2): the positions of its devices "
+        f"along each axis, outermost first (docs/multiprocess.md).")
+
+
+def test_nested_pmaps_whose_grid_is_no_block_of_each_process_are_an_error():
+  port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
+  reports = _run([("nested_not_a_block", k, None, _coordinated(port, 2, k))
+                  for k in range(2)], devices=3)
+  held = {0: "[(0, 0), (0, 1), (1, 0)]", 1: "[(1, 1), (2, 0), (2, 1)]"}
+  for k, report in enumerate(reports):
+    assert report["not_a_block"] == (
+        f"pmap: with several processes the nested pmaps' axes 'r' (3) x 'c' "
+        f"(2) form a grid over tfspmd.devices() in process order (outer axis "
+        f"slowest), and process {k}'s devices lie at its positions "
+        f"{held[k]}: they are not a block of it (every combination of their "
+        f"positions along the axes), so its part of an array would not be an "
+        f"array. Choose sizes for which each process's 3 devices are a "
+        f"block: the product of the innermost sizes times a divisor of the "
+        f"next one out (docs/multiprocess.md).")
+    assert report["too_many"].endswith(
+        "With several processes each process passes, for each mapped input, "
+        "the block of the global array its own devices hold: this process's "
+        "inputs hold 6 positions of the nested pmaps' grid, but it has 3 "
+        "devices. Pass the positions of its devices only, and give a nested "
+        "pmap whose axis crosses processes its global size as axis_size= "
+        "(docs/multiprocess.md); or use tfspmd.shard_map over a "
+        "tfspmd.make_mesh of tfspmd.devices()."), report["too_many"]
 
 
 # --- two processes x 4 devices: shard_map over meshes of both --------------
@@ -639,6 +696,12 @@ def test_every_collective_over_eight_processes_of_one_device():
     got = np.concatenate([np.asarray(r[name]).reshape((1,) + whole.shape[1:])
                           for r in reports])
     np.testing.assert_allclose(got, whole, rtol=1e-6, err_msg=name)
+  # Nested pmaps, outer 4 x inner 2: process k holds position k // 2 of 'o'
+  # and k % 2 of 'i', and passes its row as a block of leading shape (1, 1).
+  _check_nested_collectives(
+      reports, x.reshape(4, 2, 8, 1),
+      lambda whole, k: whole[k // 2:k // 2 + 1, k % 2:k % 2 + 1],
+      prefix="nested/")
 
 
 # --- GPUs ------------------------------------------------------------------

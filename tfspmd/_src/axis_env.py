@@ -68,12 +68,20 @@ class TraceState:
       relayouts). A program traced into a user's `tf.function` does not: the
       same graph runs on plain tensors on one device as well as on DTensors,
       and only DTensor can run a relayout.
+    parts: Whether the inputs may be this process's parts along nested
+      axes (a pmap's with several processes): a nested pmap's `axis_size`
+      is then the global size of its axis, of which the inputs may hold
+      this process's positions only (`pmap_nested.CrossingAxis`).
+    crossing: depth -> `(local, global)` sizes of each nested axis found
+      by earlier traces to cross processes.
   """
   mesh_axes: list
   max_devices: int
   input_splits: dict = dataclasses.field(default_factory=dict)
   devices: tuple = ()
   lays_out: bool = True
+  parts: bool = False
+  crossing: dict = dataclasses.field(default_factory=dict)
   # A per-device tensor's `Origin`, and a nested pmap result's splits
   # `{axis: mesh_dim}`, by the tensor's `ref()`.
   _origins: dict = dataclasses.field(default_factory=dict)

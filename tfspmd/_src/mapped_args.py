@@ -97,13 +97,16 @@ class MappedArguments:
     self._leaf_axes.put(cache_key, specs)
     return specs
 
-  def axes_and_size(self, in_axes, shapes, paths):
+  def axes_and_size(self, in_axes, shapes, paths, part=False):
     """Each leaf's mapped axis (non-negative, or None) and the mapped size.
 
     Args:
       in_axes: Each leaf's axis as the call gives it (negative from the end).
       shapes: Each leaf's shape.
       paths: Each leaf's pytree path, for messages.
+      part: Whether the leaves may hold this process's part of the mapped
+        axis (a nested pmap's, with several processes), whose global size
+        `axis_size` is then: the mapped size need only divide it.
 
     Raises:
       ValueError: If an axis is out of range, the mapped leaves disagree on
@@ -112,9 +115,9 @@ class MappedArguments:
     axes = [None if axis is None else arguments.normalize_axis(
         axis, len(shape), spec_name="in_axes", path=path)
             for axis, shape, path in zip(in_axes, shapes, paths)]
-    return axes, self._mapped_size(axes, shapes, paths)
+    return axes, self._mapped_size(axes, shapes, paths, part)
 
-  def _mapped_size(self, axes, shapes, paths):
+  def _mapped_size(self, axes, shapes, paths, part):
     """The size of the mapped axis, checked across the mapped leaves."""
     sizes = [(path, shape, axis, shape[axis])
              for path, shape, axis in zip(paths, shapes, axes)
@@ -135,7 +138,16 @@ class MappedArguments:
             f"pass axis_size= to {self.transform}.")
       return self.axis_size
     size = distinct.pop()
-    if self.axis_size is not None and self.axis_size != size:
+    if part and size and self.axis_size is not None:
+      if self.axis_size % size:
+        raise ValueError(
+            f"{self.transform} was given axis_size={self.axis_size}, but its "
+            f"mapped arguments have size {size} along the mapped axis. With "
+            f"several processes a nested pmap's axis_size is the global size "
+            f"of its axis, and each process passes the positions of it that "
+            f"its devices hold: a divisor of axis_size (docs/multiprocess.md)."
+        )
+    elif self.axis_size is not None and self.axis_size != size:
       raise ValueError(
           f"{self.transform} was given axis_size={self.axis_size}, but its "
           f"mapped arguments have size {size} along the mapped axis.")

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 from tensorflow.experimental import dtensor
 
+from tfspmd._src import devices as devices_lib
 from tfspmd._src import dtensor_device
 from tfspmd._src import tf_internal
 
@@ -112,6 +114,44 @@ class Placement:
     """The shape of this process's part of an array of `global_shape`."""
     return tuple(extent // count * local for extent, count, local in zip(
         global_shape, self.counts(), self.local_counts()))
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessBlock:
+  """Where this process's devices lie in a grid of devices.
+
+  With several processes, a process passes and gets back its part of an
+  array split over the grid: the blocks of the positions its devices hold.
+  That part is an array only if the devices hold every combination of
+  their positions along the grid's axes (`is_block`).
+
+  Attributes:
+    process: This process's index.
+    held: The grid positions (index tuples) of its devices, in grid order.
+    positions: Per grid axis, the sorted positions its devices hold.
+  """
+  process: int
+  held: tuple
+  positions: tuple
+
+  @property
+  def extents(self):
+    """Per grid axis, how many positions this process holds."""
+    return tuple(len(p) for p in self.positions)
+
+  @property
+  def is_block(self):
+    return len(self.held) == math.prod(self.extents)
+
+
+def process_block(grid):
+  """The `ProcessBlock` of this process in `grid`, an array of `Device`s."""
+  me = devices_lib.process_index()
+  held = tuple(index for index, device in np.ndenumerate(grid)
+               if device.process_index == me)
+  positions = tuple(tuple(sorted({index[k] for index in held}))
+                    for k in range(grid.ndim))
+  return ProcessBlock(me, held, positions)
 
 
 def block_slices(index, shape, counts):

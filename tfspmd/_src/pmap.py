@@ -180,6 +180,8 @@ def pmap(
       the mapped size must equal the number of them local to this process.
     backend: 'cpu', 'gpu' or 'tpu'; None picks the best present.
     axis_size: The size of the mapped axis when no argument is mapped.
+      With several processes, a nested pmap's `axis_size` is the global
+      size of its axis, which may cross processes (below).
     donate_argnums: Positions of arguments whose `ShardedArray` leaves the
       call frees; using one again raises.
     steps: Run `fun` this many times in one compiled call (a loop inside the
@@ -228,9 +230,24 @@ def pmap(
     its own part and gets back its own part (a `ShardedArray` of its local
     blocks), while `axis_size`, `axis_index` and the collectives span the
     devices of all processes: the mapped axis is the processes' parts one
-    after another. A nested pmap's axes lie within each process. With
-    `devices=`, give every process the same list; each maps over the ones it
-    owns.
+    after another. With `devices=`, give every process the same list; each
+    maps over the ones it owns.
+
+    Nested pmaps' axes form a grid over `tfspmd.devices()` in process order
+    (outer axis slowest), as in one process, and each process passes, for
+    each mapped input, the block of the global array its own devices hold:
+    leading dimensions its positions along the outer axis, then along each
+    inner axis. A nested axis lies within each process unless its pmap is
+    given `axis_size=` its global size, larger than what the processes pass
+    along it: the axis then crosses processes. With 4 processes of 2
+    devices, an outer axis of 2 and an inner one of 4
+    (`pmap(pmap(f, 'i', axis_size=4), 'o')`), each process holds 1 outer
+    and 2 inner positions and passes arrays of leading shape (1, 2); with 8
+    processes of 1 device, outer 4 and inner 2, leading shape (1, 1). A
+    process's devices must form a block of the grid (every combination of
+    their positions) whose shape is what it passes, else a `ValueError`
+    names the process, its positions and the shape to pass. Results come
+    back as this process's block the same way.
 
   Prints and checks:
     `tf.print`, `tf.debugging.Assert`, the `tf.debugging.assert_*`

@@ -22,6 +22,7 @@ from tfspmd._src import dtensor_device
 from tfspmd._src import dtensor_settings
 from tfspmd._src import mesh as mesh_lib
 from tfspmd._src import new_axis
+from tfspmd._src import pmap_nested
 from tfspmd._src import placement as placement_lib
 from tfspmd._src import replicated_ops
 from tfspmd._src import run_errors
@@ -127,22 +128,61 @@ def known_program(programs, key, in_user_graph=False, lays_out=True):
 
 
 def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
+  """The `Program` of a call whose input leaves have `shapes` in this process.
+
+  With several processes each passes its part, and the program sees the
+  whole array: the mapped axis spans the devices of all processes, and a
+  nested axis may too. A trace that meets a nested pmap whose inputs are
+  still this process's part along its axis (`pmap_nested.CrossingAxis`)
+  is done again with their global shapes.
+  """
   local_shapes = shapes
-  paths = call.paths
-  axes, size = options.args.axes_and_size(call.in_axes, shapes, paths)
-  devices = options.mesh_devices(size)
-  # With several processes each passes its part, and the program sees the
-  # whole array, whose mapped axis spans the devices of all processes.
+  axes, top_local = options.args.axes_and_size(call.in_axes, shapes,
+                                               call.paths)
+  devices = options.mesh_devices(top_local)
   local, total = options.process_share()
-  size = size * total // local
-  shapes = [shape if axis is None else
-            shape[:axis] + (size,) + shape[axis + 1:]
-            for shape, axis in zip(shapes, axes)]
+  parts = options.devices is None and total > 1
+  crossing, splits = {}, {}
+  while True:
+    size = (pmap_nested.top_size(top_local, crossing) if crossing
+            else top_local * total // local)
+    shapes = [list(shape) for shape in local_shapes]
+    for leaf, axis in enumerate(axes):
+      if axis is not None:
+        shapes[leaf][axis] = size
+    for (leaf, axis), depth in splits.items():
+      shapes[leaf][axis] = crossing[depth][1]
+    try:
+      return _trace_whole(options, call, axes, size,
+                          [tuple(shape) for shape in shapes], local_shapes,
+                          devices, dtypes, in_user_graph, lays_out,
+                          parts=parts, crossing=dict(crossing),
+                          top_local=top_local)
+    except pmap_nested.CrossingAxis as found:
+      if all(split in splits for split in found.splits):
+        raise ValueError(
+            f"pmap: a nested pmap's inputs hold {found.local} positions of "
+            f"its axis of global size {found.size} in every trace; with "
+            f"several processes give the nested pmaps at one depth the same "
+            f"axis_size (docs/multiprocess.md).") from None
+      crossing[found.depth] = (found.local, found.size)
+      splits.update((split, found.depth) for split in found.splits)
+
+
+def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
+                 dtypes, in_user_graph, lays_out, parts, crossing, top_local):
+  """The `Program` over the whole arrays, of `shapes` and mapped `size`.
+
+  `parts`, `crossing`: as `axis_env.TraceState` takes them; `top_local` is
+  the mapped size in this process's inputs.
+  """
+  paths = call.paths
   top_dim = options.mesh_dim or mesh_lib.mesh_dim_name(0)
   state = axis_env.TraceState(
       mesh_axes=[(options.axis_name, size, top_dim)],
       max_devices=len(devices) if options.devices is None else size,
-      devices=tuple(devices), lays_out=lays_out)
+      devices=tuple(devices), lays_out=lays_out, parts=parts,
+      crossing=crossing)
   rebuild = call.rebuilder()
   built = {}
 
@@ -169,6 +209,8 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
             carry_treedef=_carry_treedef(call.dynamic, options.steps),
             rebuild_args=rebuild, out_axes=options.out_axes,
             on_slice=on_slice)
+      if state.crossing:
+        pmap_nested.check_parts(state, top_local)
       _check_static_shapes(result)
       mesh_key = state.mesh_key()
       placements = []

@@ -16,9 +16,6 @@ inputs (earlier results) are global already.
 import functools
 import math
 
-import numpy as np
-
-from tfspmd._src import devices as devices_lib
 from tfspmd._src import placement as placement_lib
 
 
@@ -30,9 +27,8 @@ def local_extents(mesh):
     ValueError: If this process holds no device of `mesh`, or its devices
       are not a block of the mesh.
   """
-  me = devices_lib.process_index()
-  held = [index for index, device in np.ndenumerate(mesh.devices)
-          if device.process_index == me]
+  block = placement_lib.process_block(mesh.devices)
+  me, held = block.process, list(block.held)
   if not held:
     raise ValueError(
         f"shard_map: the mesh {mesh} holds no device of process {me}; with "
@@ -40,9 +36,7 @@ def local_extents(mesh):
         f"mesh, made over the devices of all of them "
         f"(tfspmd.make_mesh(shape, names) uses tfspmd.devices()), and holding "
         f"some of each process's devices.")
-  positions = [sorted({index[k] for index in held})
-               for k in range(mesh.devices.ndim)]
-  if len(held) != math.prod(len(p) for p in positions):
+  if not block.is_block:
     raise ValueError(
         f"shard_map: the devices of process {me} are not a block of the mesh "
         f"{mesh}: they lie at positions {held}. With several processes each "
@@ -50,7 +44,7 @@ def local_extents(mesh):
         f"along the axes, so that its part of an array is an array; make the "
         f"mesh over tfspmd.devices() in process order "
         f"(tfspmd.make_mesh(shape, names)).")
-  return dict(zip(mesh.axis_names, (len(p) for p in positions)))
+  return dict(zip(mesh.axis_names, block.extents))
 
 
 def check_spec(spec, mesh, path, argument):
