@@ -41,7 +41,7 @@ from tensorflow.experimental import dtensor  # pylint: disable=wrong-import-posi
 
 import tfspmd  # pylint: disable=wrong-import-position
 from tfspmd import lax  # pylint: disable=wrong-import-position
-from tfspmd._src import tf_internal  # pylint: disable=wrong-import-position
+from tfspmd._src.core import tf_internal  # pylint: disable=wrong-import-position
 
 sys.path.insert(0, _ROOT)
 from benchmarks import timing  # pylint: disable=wrong-import-position

@@ -45,7 +45,7 @@ from tensorflow.experimental import dtensor  # pylint: disable=wrong-import-posi
 import tfspmd  # pylint: disable=wrong-import-position
 from benchmarks import timing  # pylint: disable=wrong-import-position
 from tfspmd import lax  # pylint: disable=wrong-import-position
-from tfspmd._src import tf_internal  # pylint: disable=wrong-import-position
+from tfspmd._src.core import tf_internal  # pylint: disable=wrong-import-position
 
 import jax  # pylint: disable=wrong-import-position,g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=wrong-import-position

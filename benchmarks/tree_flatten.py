@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # pylint: disable=wrong-import-position
 
 from benchmarks import timing  # pylint: disable=wrong-import-position
-from tfspmd._src import tree  # pylint: disable=wrong-import-position
+from tfspmd._src.trees import tree  # pylint: disable=wrong-import-position
 
 
 def state(layers=50):

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import tfspmd
 from tfspmd import lax
-from tfspmd._src import tf_internal
+from tfspmd._src.core import tf_internal
 
 import numpy_reference
 

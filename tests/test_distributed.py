@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 import tfspmd
-from tfspmd._src import cluster
-from tfspmd._src import distributed
-from tfspmd._src import multiprocess_hooks
+from tfspmd._src.core import multiprocess_hooks
+from tfspmd._src.multiprocess import cluster
+from tfspmd._src.multiprocess import distributed
 
 TWO = ["h0:9000", "h1:9000"]
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import tfspmd
 from tfspmd import lax
-from tfspmd._src import dtensor_settings
+from tfspmd._src.core import dtensor_settings
 
 MULTI = dtensor_settings.MULTI_DEVICE_EXPANSION
 GATHER = dtensor_settings.COLLECTIVE_GATHER

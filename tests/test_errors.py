@@ -26,7 +26,7 @@ import tensorflow as tf
 
 import tfspmd
 from tfspmd import lax
-from tfspmd._src import config as config_lib
+from tfspmd._src.core import config as config_lib
 from tfspmd.adapters import checkpoint
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,9 +1,11 @@
 """Every module of tfspmd imports only from its own layer and those below.
 
 The layers and their modules are the table of docs/architecture.md; this
-test reads it, so the document and the code cannot drift apart. Imports are
-read from the source (module-level and inside functions alike), without
-importing anything.
+test reads it, so the document and the code cannot drift apart. Each layer
+below the public API is the folder of tfspmd/_src/ named after it and the
+table names its modules from that folder, so a module in another layer's
+folder is one the table does not list. Imports are read from the source
+(module-level and inside functions alike), without importing anything.
 """
 
 import ast
@@ -15,6 +17,9 @@ import pytest
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC_PATH = os.path.join(_ROOT, "docs", "architecture.md")
 PACKAGE = os.path.join(_ROOT, "tfspmd")
+# The one layer that is no folder of tfspmd/_src/: the table names its
+# modules in full.
+PUBLIC_API = "public API"
 
 
 def declared_layers():
@@ -27,8 +32,12 @@ def declared_layers():
   layers = {}
   for rank, row in enumerate(reversed(rows)):
     layer, modules = [cell.strip() for cell in row.strip("|").split("|")][:2]
-    for name in re.findall(r"`([\w.]+)`", modules):
-      full = name if name.startswith("tfspmd") else f"tfspmd._src.{name}"
+    names = re.findall(r"`([\w.]+)`", modules)
+    if layer != PUBLIC_API:
+      # The layer's folder, its __init__ included, then its modules.
+      folder = f"tfspmd._src.{layer}"
+      names = [folder] + [f"{folder}.{name}" for name in names]
+    for full in names:
       assert full not in layers, f"{full} is in two layers"
       layers[full] = (rank, layer)
   return layers
@@ -90,12 +99,23 @@ def test_imports_go_down(module):
 
 @pytest.mark.parametrize("module", sorted(set(MODULES) - UNLAYERED))
 def test_private_tensorflow_only_through_tf_internal(module):
-  if module == "tfspmd._src.tf_internal":
+  if module == "tfspmd._src.core.tf_internal":
     return
   private = sorted({f"line {line}: {name}"
                     for line, name in imported_names(MODULES[module], module)
                     if name.startswith("tensorflow.python")})
   assert not private, f"{module} imports private TensorFlow: {private}"
+
+
+@pytest.mark.parametrize(
+    "layer", sorted({layer for _, layer in LAYERS.values()} - {PUBLIC_API}))
+def test_a_layer_folder_holds_only_its_docstring(layer):
+  with open(os.path.join(PACKAGE, "_src", layer, "__init__.py")) as f:
+    body = ast.parse(f.read()).body
+  assert [type(node) for node in body] == [ast.Expr], (
+      f"tfspmd/_src/{layer}/__init__.py holds more than its docstring: "
+      f"import from the layer's modules instead")
+  assert isinstance(body[0].value, ast.Constant)
 
 
 def test_the_layers_are_ordered_as_documented():
@@ -109,7 +129,7 @@ def test_the_single_process_runtime_never_loads_the_multiprocess_layer():
   multiprocess = {name for name, (_, layer) in LAYERS.items()
                   if layer == "multiprocess"}
   below = {name for name, (rank, _) in LAYERS.items()
-           if rank < LAYERS["tfspmd._src.distributed"][0]}
+           if rank < LAYERS["tfspmd._src.multiprocess.distributed"][0]}
   reached = {}
   for module in below:
     for line, name in imported_names(MODULES[module], module):

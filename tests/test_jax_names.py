@@ -12,7 +12,7 @@ from tensorflow.experimental import dtensor
 
 import tfspmd
 from tfspmd import lax
-from tfspmd._src import placement as placement_lib
+from tfspmd._src.runtime import placement as placement_lib
 from tfspmd.sharding import Mesh
 from tfspmd.sharding import NamedSharding
 from tfspmd.sharding import PartitionSpec as P

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import tfspmd
-from tfspmd._src import rendezvous
+from tfspmd._src.multiprocess import rendezvous
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "multiprocess_worker.py")
@@ -224,7 +224,7 @@ def test_jax_option_names_and_shutdown():
 @pytest.mark.parametrize("how", ["coordinator", "SLURM", "Open MPI"])
 def test_the_seed_example_started_from_one_coordinator_address(how):
   # DTensor needs every process's address; the processes find each other
-  # through process 0 (tfspmd/_src/rendezvous.py).
+  # through process 0 (tfspmd/_src/multiprocess/rendezvous.py).
   if how == "coordinator":
     port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
     envs = [_coordinated(port, 2, k) for k in range(2)]

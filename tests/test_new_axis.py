@@ -1,7 +1,7 @@
 """Indexing with new axes inside a pmap (DTensor crashed on some, TF 2.21).
 
 `x[None]`, `x[1:3, None]` and `x[None, ...]` of a per-device value are
-computed as a slice and a reshape (tfspmd/_src/new_axis.py), and their
+computed as a slice and a reshape (tfspmd/_src/rewrites/new_axis.py), and their
 gradients as the gradient of that slice; they used to end in undecodable
 error bytes or a segmentation fault of the process.
 """

@@ -21,7 +21,7 @@ import pytest
 import tensorflow as tf
 
 import tfspmd
-from tfspmd._src import route_log
+from tfspmd._src.core import route_log
 
 N = 8
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

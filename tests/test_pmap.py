@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import tfspmd
 from tfspmd import lax
-from tfspmd._src import placement as placement_lib
+from tfspmd._src.runtime import placement as placement_lib
 
 Pair = collections.namedtuple("Pair", ["a", "b"])
 

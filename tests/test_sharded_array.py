@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import tfspmd
 from tfspmd import lax
-from tfspmd._src import dtensor_settings
+from tfspmd._src.core import dtensor_settings
 
 
 @pytest.fixture(name="out")

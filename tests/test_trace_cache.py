@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tfspmd
-from tfspmd._src import lru
+from tfspmd._src.core import lru
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ collectives from `tfspmd.lax`:
 [0.         0.16666667 0.33333334 0.5       ]
 """
 
-from tfspmd._src import checkout_adapters as _checkout_adapters
-from tfspmd._src import devices as _devices
+from tfspmd._src.core import checkout_adapters as _checkout_adapters
+from tfspmd._src.runtime import devices as _devices
 
 # The one version: pyproject.toml reads it from here.
 __version__ = "0.1.0"
@@ -24,32 +24,32 @@ from tfspmd import lax as lax
 from tfspmd import sharding as sharding
 from tfspmd import tree as tree
 from tfspmd import tree_util as tree_util
-from tfspmd._src.config import config as config
-from tfspmd._src.debug.mode import debug_mode as debug_mode
-from tfspmd._src.devices import Device as Device
-from tfspmd._src.devices import device_count as device_count
-from tfspmd._src.devices import devices as devices
-from tfspmd._src.devices import local_device_count as local_device_count
-from tfspmd._src.devices import local_devices as local_devices
-from tfspmd._src.devices import process_count as process_count
-from tfspmd._src.devices import process_index as process_index
-from tfspmd._src.devices import set_num_cpu_devices as set_num_cpu_devices
-from tfspmd._src.mesh_context import set_mesh as set_mesh
-from tfspmd._src.named_mesh import Mesh as Mesh
-from tfspmd._src.named_mesh import PartitionSpec as PartitionSpec
-from tfspmd._src.named_mesh import PartitionSpec as P
-from tfspmd._src.named_mesh import make_mesh as make_mesh
-from tfspmd._src.named_sharding import NamedSharding as NamedSharding
-from tfspmd._src.pmap import pmap as pmap
-from tfspmd._src.shard_map import shard_map as shard_map
-from tfspmd._src.sharded_array import Shard as Shard
-from tfspmd._src.sharded_array import ShardedArray as ShardedArray
-from tfspmd._src.transfers import block_until_ready as block_until_ready
-from tfspmd._src.transfers import device_get as device_get
-from tfspmd._src.transfers import device_put as device_put
-from tfspmd._src.transfers import device_put_replicated as device_put_replicated
-from tfspmd._src.transfers import device_put_sharded as device_put_sharded
-from tfspmd._src.vmap import vmap as vmap
+from tfspmd._src.arguments.transfers import block_until_ready as block_until_ready
+from tfspmd._src.arguments.transfers import device_get as device_get
+from tfspmd._src.arguments.transfers import device_put as device_put
+from tfspmd._src.arguments.transfers import device_put_replicated as device_put_replicated
+from tfspmd._src.arguments.transfers import device_put_sharded as device_put_sharded
+from tfspmd._src.core.config import config as config
+from tfspmd._src.core.debug_mode import debug_mode as debug_mode
+from tfspmd._src.programs.pmap import pmap as pmap
+from tfspmd._src.programs.shard_map import shard_map as shard_map
+from tfspmd._src.programs.vmap import vmap as vmap
+from tfspmd._src.runtime.devices import Device as Device
+from tfspmd._src.runtime.devices import device_count as device_count
+from tfspmd._src.runtime.devices import devices as devices
+from tfspmd._src.runtime.devices import local_device_count as local_device_count
+from tfspmd._src.runtime.devices import local_devices as local_devices
+from tfspmd._src.runtime.devices import process_count as process_count
+from tfspmd._src.runtime.devices import process_index as process_index
+from tfspmd._src.runtime.devices import set_num_cpu_devices as set_num_cpu_devices
+from tfspmd._src.runtime.mesh_context import set_mesh as set_mesh
+from tfspmd._src.runtime.named_mesh import Mesh as Mesh
+from tfspmd._src.runtime.named_mesh import PartitionSpec as PartitionSpec
+from tfspmd._src.runtime.named_mesh import PartitionSpec as P
+from tfspmd._src.runtime.named_mesh import make_mesh as make_mesh
+from tfspmd._src.runtime.named_sharding import NamedSharding as NamedSharding
+from tfspmd._src.runtime.sharded_array import Shard as Shard
+from tfspmd._src.runtime.sharded_array import ShardedArray as ShardedArray
 
 __all__ = [
     "Device",

@@ -10,10 +10,10 @@ get there.
 """
 
 # pylint: disable=useless-import-alias
-from tfspmd._src.distributed import PeerFailedError as PeerFailedError
-from tfspmd._src.distributed import initialize as initialize
-from tfspmd._src.distributed import is_initialized as is_initialized
-from tfspmd._src.distributed import shutdown as shutdown
+from tfspmd._src.multiprocess.distributed import PeerFailedError as PeerFailedError
+from tfspmd._src.multiprocess.distributed import initialize as initialize
+from tfspmd._src.multiprocess.distributed import is_initialized as is_initialized
+from tfspmd._src.multiprocess.distributed import shutdown as shutdown
 
 __all__ = [
     "PeerFailedError",

@@ -18,7 +18,7 @@ from tfspmd._src.collectives.indexing import axis_size as axis_size
 from tfspmd._src.collectives.permute import ppermute as ppermute
 from tfspmd._src.collectives.permute import pshuffle as pshuffle
 from tfspmd._src.collectives import reductions as _reductions
-from tfspmd._src.tree_util import tree_map as _tree_map
+from tfspmd._src.trees.tree_util import tree_map as _tree_map
 
 __all__ = [
     "all_gather",

@@ -9,13 +9,13 @@ True
 """
 
 # pylint: disable=useless-import-alias
-from tfspmd._src.mesh_context import get_mesh as get_mesh
-from tfspmd._src.mesh_context import set_mesh as set_mesh
-from tfspmd._src.named_mesh import AxisType as AxisType
-from tfspmd._src.named_mesh import Mesh as Mesh
-from tfspmd._src.named_mesh import PartitionSpec as PartitionSpec
-from tfspmd._src.named_sharding import NamedSharding as NamedSharding
-from tfspmd._src.named_sharding import SingleDeviceSharding as SingleDeviceSharding
+from tfspmd._src.runtime.mesh_context import get_mesh as get_mesh
+from tfspmd._src.runtime.mesh_context import set_mesh as set_mesh
+from tfspmd._src.runtime.named_mesh import AxisType as AxisType
+from tfspmd._src.runtime.named_mesh import Mesh as Mesh
+from tfspmd._src.runtime.named_mesh import PartitionSpec as PartitionSpec
+from tfspmd._src.runtime.named_sharding import NamedSharding as NamedSharding
+from tfspmd._src.runtime.named_sharding import SingleDeviceSharding as SingleDeviceSharding
 
 __all__ = [
     "AxisType",

@@ -8,17 +8,17 @@
 """
 
 # pylint: disable=redefined-builtin,useless-import-alias
-from tfspmd._src.tree_util import tree_all as all
-from tfspmd._src.tree_util import tree_flatten as flatten
-from tfspmd._src.tree_util import tree_flatten_with_path as flatten_with_path
-from tfspmd._src.tree_util import tree_leaves as leaves
-from tfspmd._src.tree_util import tree_leaves_with_path as leaves_with_path
-from tfspmd._src.tree_util import tree_map as map
-from tfspmd._src.tree_util import tree_map_with_path as map_with_path
-from tfspmd._src.tree_util import tree_reduce as reduce
-from tfspmd._src.tree_util import tree_structure as structure
-from tfspmd._src.tree_util import tree_transpose as transpose
-from tfspmd._src.tree_util import tree_unflatten as unflatten
+from tfspmd._src.trees.tree_util import tree_all as all
+from tfspmd._src.trees.tree_util import tree_flatten as flatten
+from tfspmd._src.trees.tree_util import tree_flatten_with_path as flatten_with_path
+from tfspmd._src.trees.tree_util import tree_leaves as leaves
+from tfspmd._src.trees.tree_util import tree_leaves_with_path as leaves_with_path
+from tfspmd._src.trees.tree_util import tree_map as map
+from tfspmd._src.trees.tree_util import tree_map_with_path as map_with_path
+from tfspmd._src.trees.tree_util import tree_reduce as reduce
+from tfspmd._src.trees.tree_util import tree_structure as structure
+from tfspmd._src.trees.tree_util import tree_transpose as transpose
+from tfspmd._src.trees.tree_util import tree_unflatten as unflatten
 
 __all__ = [
     "all",

@@ -12,28 +12,28 @@ registered here is a node in tfspmd's trees only, not in other libraries'.
 """
 
 # pylint: disable=useless-import-alias
-from tfspmd._src.tree_keys import DictKey as DictKey
-from tfspmd._src.tree_keys import FlattenedIndexKey as FlattenedIndexKey
-from tfspmd._src.tree_keys import GetAttrKey as GetAttrKey
-from tfspmd._src.tree_keys import KeyEntry as KeyEntry
-from tfspmd._src.tree_keys import KeyPath as KeyPath
-from tfspmd._src.tree_keys import SequenceKey as SequenceKey
-from tfspmd._src.tree_keys import keystr as keystr
-from tfspmd._src.tree_registry import register_dataclass as register_dataclass
-from tfspmd._src.tree_registry import register_pytree_node as register_pytree_node
-from tfspmd._src.tree_registry import register_pytree_node_class as register_pytree_node_class
-from tfspmd._src.tree_util import PyTreeDef as PyTreeDef
-from tfspmd._src.tree_util import tree_all as tree_all
-from tfspmd._src.tree_util import tree_flatten as tree_flatten
-from tfspmd._src.tree_util import tree_flatten_with_path as tree_flatten_with_path
-from tfspmd._src.tree_util import tree_leaves as tree_leaves
-from tfspmd._src.tree_util import tree_leaves_with_path as tree_leaves_with_path
-from tfspmd._src.tree_util import tree_map as tree_map
-from tfspmd._src.tree_util import tree_map_with_path as tree_map_with_path
-from tfspmd._src.tree_util import tree_reduce as tree_reduce
-from tfspmd._src.tree_util import tree_structure as tree_structure
-from tfspmd._src.tree_util import tree_transpose as tree_transpose
-from tfspmd._src.tree_util import tree_unflatten as tree_unflatten
+from tfspmd._src.core.tree_keys import DictKey as DictKey
+from tfspmd._src.core.tree_keys import FlattenedIndexKey as FlattenedIndexKey
+from tfspmd._src.core.tree_keys import GetAttrKey as GetAttrKey
+from tfspmd._src.core.tree_keys import KeyEntry as KeyEntry
+from tfspmd._src.core.tree_keys import KeyPath as KeyPath
+from tfspmd._src.core.tree_keys import SequenceKey as SequenceKey
+from tfspmd._src.core.tree_keys import keystr as keystr
+from tfspmd._src.trees.tree_registry import register_dataclass as register_dataclass
+from tfspmd._src.trees.tree_registry import register_pytree_node as register_pytree_node
+from tfspmd._src.trees.tree_registry import register_pytree_node_class as register_pytree_node_class
+from tfspmd._src.trees.tree_util import PyTreeDef as PyTreeDef
+from tfspmd._src.trees.tree_util import tree_all as tree_all
+from tfspmd._src.trees.tree_util import tree_flatten as tree_flatten
+from tfspmd._src.trees.tree_util import tree_flatten_with_path as tree_flatten_with_path
+from tfspmd._src.trees.tree_util import tree_leaves as tree_leaves
+from tfspmd._src.trees.tree_util import tree_leaves_with_path as tree_leaves_with_path
+from tfspmd._src.trees.tree_util import tree_map as tree_map
+from tfspmd._src.trees.tree_util import tree_map_with_path as tree_map_with_path
+from tfspmd._src.trees.tree_util import tree_reduce as tree_reduce
+from tfspmd._src.trees.tree_util import tree_structure as tree_structure
+from tfspmd._src.trees.tree_util import tree_transpose as tree_transpose
+from tfspmd._src.trees.tree_util import tree_unflatten as tree_unflatten
 
 __all__ = [
     "DictKey",

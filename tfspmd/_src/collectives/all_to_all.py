@@ -16,13 +16,13 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from tfspmd._src import axis_env
-from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import groups as groups_lib
 from tfspmd._src.collectives import marker
 from tfspmd._src.collectives import pin
 from tfspmd._src.collectives import resplit
+from tfspmd._src.core import stacking
+from tfspmd._src.runtime import axis_env
 
 
 def _all_to_all_step(split_axis, concat_axis, tiled):

@@ -2,8 +2,8 @@
 
 import tensorflow as tf
 
-from tfspmd._src import tree
-from tfspmd._src.collectives import constants
+from tfspmd._src.core import collective_constants as constants
+from tfspmd._src.trees import tree
 
 
 # What each collective takes: (description, test of a tf.DType).

@@ -19,9 +19,9 @@ import operator
 import numpy as np
 import tensorflow as tf
 
-from tfspmd._src import axis_env
-from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
+from tfspmd._src.core import stacking
+from tfspmd._src.runtime import axis_env
 
 
 @dataclasses.dataclass(frozen=True)

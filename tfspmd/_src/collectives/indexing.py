@@ -6,7 +6,7 @@ from collections.abc import Hashable
 
 import tensorflow as tf
 
-from tfspmd._src import axis_env
+from tfspmd._src.runtime import axis_env
 
 
 def axis_index(axis_name: Hashable) -> tf.Tensor:

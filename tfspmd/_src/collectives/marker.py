@@ -26,10 +26,10 @@ import math
 
 import tensorflow as tf
 
-from tfspmd._src import axis_env
-from tfspmd._src import control_flow
-from tfspmd._src import tf_internal
-from tfspmd._src import stacking
+from tfspmd._src.core import stacking
+from tfspmd._src.core import tf_internal
+from tfspmd._src.rewrites import control_flow
+from tfspmd._src.runtime import axis_env
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 

@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tfspmd._src import axis_env
-from tfspmd._src import dtensor_rewrites
-from tfspmd._src import stacking
 from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import marker
 from tfspmd._src.collectives import resplit
+from tfspmd._src.core import stacking
+from tfspmd._src.rewrites import dtensor_rewrites
+from tfspmd._src.runtime import axis_env
 
 
 def _check_perm(perm, size, function):

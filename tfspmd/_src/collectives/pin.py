@@ -19,8 +19,8 @@ and the outermost level emits the relayout.
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from tfspmd._src import axis_env
-from tfspmd._src import tf_internal
+from tfspmd._src.core import tf_internal
+from tfspmd._src.runtime import axis_env
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 

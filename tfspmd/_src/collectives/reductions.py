@@ -21,11 +21,11 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfspmd._src import axis_env
 from tfspmd._src.collectives import checks
-from tfspmd._src.collectives import constants
 from tfspmd._src.collectives import groups as groups_lib
 from tfspmd._src.collectives import marker
+from tfspmd._src.core import collective_constants as constants
+from tfspmd._src.runtime import axis_env
 
 
 def _sum_step(tensor, stacked, frame, _):

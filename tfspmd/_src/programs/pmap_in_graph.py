@@ -1,0 +1,67 @@
+"""A pmap called while the user's own `tf.function` traces: its ops go there.
+
+The program's ops go into the user's graph as they are (a nested
+jit-compiled DTensor function mis-expands collectives: "SPMD expansion
+resulted in op output inconsistent with the provided layout", TF 2.21).
+`tf.function` traces a tensor and a DTensor alike, so in one process the
+program has no DTensor op (no relayout): each collective is a reduction or
+a reshuffle over the mapped axis of the stacked values, a correct program
+on one device for plain tensors, which DTensor splits over the devices of
+DTensor inputs as their layouts say (the user's own mesh included). A
+SavedModel of such a function needs only TensorFlow to serve.
+
+With several processes each passes only its part of a plain array, which
+one device could not reduce over the others: there the program keeps its
+relayouts onto the mesh of every process's devices, and takes DTensors.
+"""
+
+from tfspmd._src.arguments import arguments
+from tfspmd._src.programs import pmap_trace
+from tfspmd._src.rewrites import side_effects
+from tfspmd._src.runtime import devices
+from tfspmd._src.runtime.sharded_array import ShardedArray
+
+
+def call(pmapped, args, kwargs):
+  """The outputs of the `PmappedFunction` on `args`, in the user's graph."""
+  options, programs = pmapped.options, pmapped.programs
+  bound = options.args.bind(args, kwargs)
+  values = []
+  for leaf, path in zip(bound.leaves, bound.paths):
+    if isinstance(leaf, ShardedArray):
+      leaf = leaf.dtensor_value
+    value = arguments.traced_tensor(leaf, path)
+    if not value.shape.is_fully_defined():
+      raise ValueError(
+          f"pmap inside a tf.function needs static shapes, but {path} has "
+          f"shape {value.shape}; give the tf.function an input_signature "
+          f"with full shapes, or call it with tensors of fixed shape.")
+    values.append(value)
+  share = options.process_share()
+  signature = tuple((_local_shape(v, axis, path, share), v.dtype)
+                    for v, axis, path in zip(values, bound.in_axes,
+                                             bound.paths))
+  key = (bound.treedef, bound.static_key, signature)
+  program = pmap_trace.cached_program(
+      options, programs, key, bound, values, in_user_graph=True,
+      lays_out=devices.process_count() > 1)
+  outputs = program.inline(*values)
+  count = len(program.output_placements)
+  side_effects.replay_in_graph(
+      program.effects, pmap_trace.effect_values(program, outputs[count:]))
+  return program.output_treedef.unflatten(list(outputs[:count]))
+
+
+def _local_shape(value, axis, path, share):
+  """The shape of this process's part of the traced DTensor `value`.
+
+  `share` is `(local, total)`: this process holds `local` of every `total`
+  positions of the mapped axis.
+  """
+  shape = tuple(value.shape)
+  local, total = share
+  if axis is None or local == total:
+    return shape
+  axis = arguments.normalize_axis(axis, len(shape), spec_name="in_axes",
+                                  path=path)
+  return shape[:axis] + (shape[axis] * local // total,) + shape[axis + 1:]

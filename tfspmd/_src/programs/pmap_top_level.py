@@ -1,0 +1,167 @@
+"""A pmap called at the top level: place the inputs, run, wrap the results.
+
+Outside any trace, a call's leaves are NumPy arrays, tensors or
+`ShardedArray`s. Each is placed on the program's mesh as the program wants
+it, moving as little as possible (a `ShardedArray` already placed so is
+passed as it is), and each output comes back as a `ShardedArray`.
+"""
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfspmd._src.arguments import arguments
+from tfspmd._src.arguments import pmap_donation
+from tfspmd._src.core import dtensor_errors
+from tfspmd._src.core import dtensor_settings
+from tfspmd._src.core import multiprocess_hooks
+from tfspmd._src.core import run_errors
+from tfspmd._src.core import tf_internal
+from tfspmd._src.core.config import config
+from tfspmd._src.programs import pmap_trace
+from tfspmd._src.rewrites import side_effects
+from tfspmd._src.runtime import dtensor_device
+from tfspmd._src.runtime import placement as placement_lib
+from tfspmd._src.runtime.sharded_array import ShardedArray
+from tfspmd._src.trees import tree
+
+
+def values_and_key(call):
+  """The call's input leaves as arrays, and its signature for the cache.
+
+  Returns:
+    `(values, key)`: one `ShardedArray`, tensor or NumPy array per leaf, and
+    `(treedef, static key, ((shape, dtype), ...))`.
+  """
+  values, signature = [], []
+  # The leaves' paths are made only for a message: most calls need none.
+  for index, leaf in enumerate(call.leaves):
+    if isinstance(leaf, tf.Variable):
+      leaf = tf.convert_to_tensor(leaf)
+    value = _ready_value(leaf)
+    if value is None:
+      if isinstance(leaf, ShardedArray):
+        raise pmap_donation.donated_argument_error(call.paths[index])
+      value = arguments.to_array_leaf(leaf, call.paths[index])
+    values.append(value)
+    signature.append((tuple(value.shape), tf.as_dtype(value.dtype)))
+  return values, (call.treedef, call.static_key, tuple(signature))
+
+
+def known_call(options, programs, args, kwargs):
+  """`(program, values)` of a call like one traced before, or None.
+
+  The quick way of `values_and_key` and `pmap_trace.cached_program` for a
+  call of a pmap without static arguments whose leaves are all ready to
+  place (live `ShardedArray`s, numeric tensors and NumPy arrays): the key
+  comes straight from the flattened arguments, with no `BoundCall`. Its
+  checks passed when the program was traced for that key, so they would
+  pass again. Any other call (None) takes the full way, which raises
+  whatever error it has to.
+  """
+  if options.args.static_argnums:
+    return None
+  if not kwargs and all(isinstance(arg, _ARRAY_TYPES) for arg in args):
+    # Arrays are the trees' leaves: no need to walk them (much the slower
+    # way on a cold cache, as after each program's run).
+    leaves, treedef = args, tree.flat_call_treedef(len(args))
+  else:
+    leaves, treedef = tree.flatten((args, kwargs))
+  values, signature = [], []
+  for leaf in leaves:
+    value = _ready_value(leaf)
+    if value is None:
+      return None
+    values.append(value)
+    signature.append((tuple(value.shape), tf.as_dtype(value.dtype)))
+  program = pmap_trace.known_program(programs, (treedef, (), tuple(signature)))
+  return None if program is None else (program, values)
+
+
+# Always leaves of tfspmd's trees (`tree`'s rules): never walked into.
+_ARRAY_TYPES = (ShardedArray, np.ndarray, tf.Tensor)
+
+
+def _ready_value(leaf):
+  """`leaf` as a program takes it, or None if it needs converting or is refused.
+
+  Ready: a live `ShardedArray`, a numeric or bool tensor, a numeric or bool
+  NumPy array (narrowed as `config` says).
+  """
+  if isinstance(leaf, ShardedArray):
+    return None if leaf.is_deleted() else leaf
+  if isinstance(leaf, tf.Tensor):
+    dtype = leaf.dtype
+    if (dtype.is_numeric and not dtype.is_quantized) or dtype.is_bool:
+      return leaf
+    return None
+  if isinstance(leaf, np.ndarray) and leaf.dtype.kind in "biufc":
+    return config.narrowed(leaf)
+  return None
+
+
+def run(program, values, axis_name):
+  """Places `values`, runs `program`, wraps its outputs as `ShardedArray`s.
+
+  A program that fails while it runs leaves DTensor's device unusable: the
+  device is replaced (`dtensor_device`) before the error is raised. DTensor
+  runs programs asynchronously, so a program that may fail is waited on
+  here, where its failure surfaces. The program's prints and checks happen
+  after it ran (`side_effects`): a failed check raises here.
+  """
+  placed = [_place(value, placement, blocks)
+            for value, placement, blocks in zip(
+                values, program.input_placements, program.input_blocks)]
+  try:
+    with dtensor_settings.applied(program.dtensor_switches):
+      with dtensor_device.entry:
+        if placed:
+          outputs = program.function(*placed)
+        else:
+          with dtensor.default_mesh(program.mesh):
+            outputs = program.function()
+      if program.may_fail:
+        tf_internal.wait_for_pending_ops()
+        with dtensor_device.entry:
+          for output in outputs:
+            dtensor.unpack(output)
+      count = len(program.output_placements)
+      if program.effects:
+        effects = pmap_trace.effect_values(program, [
+            ShardedArray(value, placement, shape, value.dtype)
+            for value, placement, shape in zip(
+                outputs[count:], program.effect_placements,
+                program.effect_shapes)])
+        outputs = outputs[:count]
+  except tf.errors.OpError as e:
+    multiprocess_hooks.raise_peer_failure(e)
+    explained = dtensor_errors.explain(e, axis_name)
+    if explained is not None:
+      raise explained from None
+    dtensor_device.replace()
+    raise run_errors.failed_run(e, axis_name) from None
+  if program.effects:
+    side_effects.replay_on_host(program.effects, effects, axis_name)
+  return [ShardedArray(value, placement, shape, dtype)
+          for value, placement, shape, dtype in zip(
+              outputs, program.output_placements, program.output_shapes,
+              program.output_dtypes)]
+
+
+def _place(value, placement, blocks):
+  """The DTensor of one input leaf on `placement`, moving as little as possible.
+
+  `blocks` are `placement_lib.host_blocks` of the leaf's shape.
+  """
+  if isinstance(value, ShardedArray):
+    current = value.placement
+    if current is placement:
+      return value.dtensor_value
+    if current.block_map == placement.block_map:
+      return placement_lib.repack(value.dtensor_value, placement)
+    value = value.numpy()
+  elif isinstance(value, tf.Tensor):
+    if dtensor.is_dtensor(value):
+      return placement_lib.relayout(value, placement)
+    value = value.numpy()
+  return placement_lib.pack_host_array(np.asarray(value), placement, blocks)

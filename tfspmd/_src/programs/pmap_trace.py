@@ -1,0 +1,413 @@
+"""Tracing a pmap's program: one jit-compiled DTensor function per signature.
+
+`cached_program` returns the `Program` of a call signature, tracing it the
+first time: the per-device function vectorized over the mapped axis by pfor
+(nested pmaps met while tracing add mesh dimensions), inside one
+`tf.function(jit_compile=True)`, with the placement of every input and
+output on the program's mesh.
+"""
+
+import dataclasses
+import functools
+import hashlib
+
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfspmd._src.core import dtensor_settings
+from tfspmd._src.core import multiprocess_hooks
+from tfspmd._src.core import run_errors
+from tfspmd._src.core import tf_internal
+from tfspmd._src.programs import pmap_nested
+from tfspmd._src.programs import steps as steps_lib
+from tfspmd._src.programs import vectorize
+from tfspmd._src.rewrites import control_flow
+from tfspmd._src.rewrites import new_axis
+from tfspmd._src.rewrites import replicated_ops
+from tfspmd._src.runtime import axis_env
+from tfspmd._src.runtime import devices as devices_lib
+from tfspmd._src.runtime import dtensor_device
+from tfspmd._src.runtime import mesh as mesh_lib
+from tfspmd._src.runtime import placement as placement_lib
+from tfspmd._src.trees import tree
+
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
+
+@dataclasses.dataclass
+class Program:
+  """A traced program and how its inputs and outputs lie on the mesh.
+
+  Attributes:
+    function: Calls the compiled program on placed inputs (None for a
+      program traced into a user's graph).
+    input_placements: The `Placement` of each input leaf.
+    input_blocks: For each input leaf, where each local device's block
+      lies in a host array of its shape (`placement.host_blocks`).
+    output_placements: The `Placement` of each output leaf.
+    output_shapes: This process's shape of each output leaf (a
+      `tf.TensorShape`, shared by the results of every call).
+    output_dtypes: The dtype of each output leaf.
+    output_treedef: The output tree.
+    inline: The traced Python function, to call inside a user's graph.
+    output_axes: Where each output leaf has the mapped axis (None: nowhere).
+    mesh: The DTensor mesh.
+    size: The mapped size, over all processes.
+    trainable_variables: The trainable variables the program reads.
+    dtensor_switches: The DTensor settings it runs under.
+    device_generation: The `dtensor_device.generation()` it was traced in.
+    may_fail: Whether it may fail while it runs (`run_errors.may_fail`): its
+      call then waits for its results.
+    effects: The `side_effects.Record`s of its prints and checks, whose
+      values follow the outputs (`function` and `inline` return them after
+      the output leaves): for each, its mask (if any), then its tensors.
+    effect_placements: The `Placement` of each of those values.
+    effect_shapes: This process's shape of each of those values.
+  """
+  function: object
+  input_placements: tuple
+  input_blocks: tuple
+  output_placements: tuple
+  output_shapes: tuple
+  output_dtypes: tuple
+  output_treedef: object
+  inline: object
+  output_axes: tuple
+  mesh: object
+  size: int
+  trainable_variables: tuple
+  dtensor_switches: tuple
+  device_generation: int
+  may_fail: bool
+  effects: tuple = ()
+  effect_placements: tuple = ()
+  effect_shapes: tuple = ()
+
+
+@functools.lru_cache(maxsize=4096)
+def placement_for(mesh_key, spec):
+  """Interned `Placement`s, so equal placements compare by identity."""
+  return placement_lib.Placement(mesh_key, spec)
+
+
+def cached_program(options, programs, key, call, values, in_user_graph=False,
+                   lays_out=True):
+  """The `Program` of the call signature `key`, traced if not in `programs`.
+
+  Args:
+    options: The pmap's `PmapOptions`.
+    programs: The pmap's `lru.LRUCache` of programs.
+    key: `(treedef, static key, ((shape, dtype), ...))` of the call, with
+      this process's shapes.
+    call: The bound call (`mapped_args`).
+    values: The input leaves (their dtypes are read).
+    in_user_graph: Whether the program is for a user's graph (`inline`).
+    lays_out: Whether the program places its values on the mesh
+      (`axis_env.TraceState.lays_out`).
+  """
+  program = known_program(programs, key, in_user_graph, lays_out)
+  if program is None:
+    program = _trace(options, call, [shape for shape, _ in key[2]],
+                     [value.dtype for value in values], in_user_graph,
+                     lays_out)
+    programs.put((in_user_graph, lays_out) + key, program)
+  return program
+
+
+def known_program(programs, key, in_user_graph=False, lays_out=True):
+  """The `Program` of the call signature `key` in `programs`, or None.
+
+  None also for a program traced before DTensor's device was replaced
+  (`dtensor_device.generation`): it cannot run on the new one.
+  """
+  program = programs.get((in_user_graph, lays_out) + key)
+  if (program is None or
+      program.device_generation != dtensor_device.generation()):
+    return None
+  return program
+
+
+def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
+  """The `Program` of a call whose input leaves have `shapes` in this process.
+
+  With several processes each passes its part, and the program sees the
+  whole array: the mapped axis spans the devices of all processes, and a
+  nested axis may too. A trace that meets a nested pmap whose inputs are
+  still this process's part along its axis (`pmap_nested.CrossingAxis`)
+  is done again with their global shapes.
+  """
+  local_shapes = shapes
+  axes, top_local = options.args.axes_and_size(call.in_axes, shapes,
+                                               call.paths)
+  devices = options.mesh_devices(top_local)
+  local, total = options.process_share()
+  parts = options.devices is None and total > 1
+  crossing, splits = {}, {}
+  while True:
+    size = (pmap_nested.top_size(top_local, crossing) if crossing
+            else top_local * total // local)
+    shapes = [list(shape) for shape in local_shapes]
+    for leaf, axis in enumerate(axes):
+      if axis is not None:
+        shapes[leaf][axis] = size
+    for (leaf, axis), depth in splits.items():
+      shapes[leaf][axis] = crossing[depth][1]
+    try:
+      return _trace_whole(options, call, axes, size,
+                          [tuple(shape) for shape in shapes], local_shapes,
+                          devices, dtypes, in_user_graph, lays_out,
+                          parts=parts, crossing=dict(crossing),
+                          top_local=top_local)
+    except pmap_nested.CrossingAxis as found:
+      if all(split in splits for split in found.splits):
+        raise ValueError(
+            f"pmap: a nested pmap's inputs hold {found.local} positions of "
+            f"its axis of global size {found.size} in every trace; with "
+            f"several processes give the nested pmaps at one depth the same "
+            f"axis_size (docs/multiprocess.md).") from None
+      crossing[found.depth] = (found.local, found.size)
+      splits.update((split, found.depth) for split in found.splits)
+
+
+def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
+                 dtypes, in_user_graph, lays_out, parts, crossing, top_local):
+  """The `Program` over the whole arrays, of `shapes` and mapped `size`.
+
+  `parts`, `crossing`: as `axis_env.TraceState` takes them; `top_local` is
+  the mapped size in this process's inputs.
+  """
+  paths = call.paths
+  top_dim = options.mesh_dim or mesh_lib.mesh_dim_name(0)
+  state = axis_env.TraceState(
+      mesh_axes=[(options.axis_name, size, top_dim)],
+      max_devices=len(devices) if options.devices is None else size,
+      devices=tuple(devices), lays_out=lays_out, parts=parts,
+      crossing=crossing)
+  rebuild = call.rebuilder()
+  built = {}
+
+  def on_slice(leaf, piece, _):
+    state.record_origin(piece, leaf, [
+        a for a in range(len(shapes[leaf])) if a != axes[leaf]])
+
+  @_do_not_convert
+  def program(*inputs):
+    with axis_env.tracing(state):
+      for leaf, (value, axis) in enumerate(zip(inputs, axes)):
+        if axis is None:
+          state.record_origin(value, leaf, range(len(shapes[leaf])))
+      frame_template = (options.axis_name, size, top_dim)
+      if options.steps is None:
+        result = vectorize.map_over_axis(
+            options.fun, frame_template=frame_template, inputs=list(inputs),
+            in_axes=axes, rebuild_args=rebuild, out_axes=options.out_axes,
+            on_slice=on_slice, varying_output_error=options.varying_output_error)
+      else:
+        result = steps_lib.map_steps(
+            options.fun, options.steps, frame_template=frame_template,
+            inputs=list(inputs), in_axes=axes, paths=paths,
+            carry_treedef=_carry_treedef(call.dynamic, options.steps),
+            rebuild_args=rebuild, out_axes=options.out_axes,
+            on_slice=on_slice)
+      if state.crossing:
+        pmap_nested.check_parts(state, top_local)
+      _check_static_shapes(result)
+      mesh_key = state.mesh_key()
+      placements = []
+      outputs = []
+      for value, axis, per_device in zip(result.values, result.out_axes,
+                                         result.per_device):
+        spec = [None] * value.shape.rank
+        if axis is not None:
+          for split_axis, dim in state.result_splits(
+              per_device, axis, top_dim).items():
+            spec[split_axis] = dim
+        placement = placement_for(mesh_key, tuple(spec))
+        placements.append(placement)
+        outputs.append(_relayout(value, placement.layout) if lays_out
+                       else value)
+      effect_placements = []
+      for value in _effect_values(result.effects):
+        # Split over the outermost axis like a mapped output: no device
+        # sends its part to another.
+        placement = placement_for(
+            mesh_key, (top_dim,) + (None,) * (value.shape.rank - 1))
+        effect_placements.append(placement)
+        outputs.append(_relayout(value, placement.layout) if lays_out
+                       else value)
+      built.update(result=result, placements=placements, mesh_key=mesh_key,
+                   effect_placements=effect_placements)
+      return outputs
+
+  function = tf.function(program, jit_compile=True, autograph=False)
+  specs = [tf.TensorSpec(shape, tf.as_dtype(dtype))
+           for shape, dtype in zip(shapes, dtypes)]
+  concrete = function.get_concrete_function(*specs)
+  new_axis.check_program(concrete.outputs, options.axis_name)
+  _check_no_data_dependent_shapes(concrete.graph, options.axis_name)
+  mesh_key = built["mesh_key"]
+  input_placements = []
+  for leaf, (shape, axis) in enumerate(zip(shapes, axes)):
+    spec = [None] * len(shape)
+    if axis is not None:
+      spec[axis] = top_dim
+    for original_axis, dim in state.input_splits.get(leaf, {}).items():
+      spec[original_axis] = dim
+    input_placements.append(placement_for(mesh_key, tuple(spec)))
+  result = built["result"]
+  multiprocess_hooks.check_same_program(
+      lambda: _describe(options, mesh_key, specs, concrete.graph))
+  mesh = mesh_lib.mesh_for_axes(*mesh_key)
+  graph_def = concrete.graph.as_graph_def()
+  replicated_ops.enroll(node.op for node in dtensor_settings.nodes(graph_def))
+  # A program traced into a user's graph runs only there (`inline`); what
+  # it closes over may be the user's graph tensors, which DTensor cannot
+  # place from here.
+  function = None
+  if not in_user_graph:
+    function = tf_internal.flat_caller(
+        concrete, [_on_mesh(value, mesh) for value in concrete.captured_inputs])
+  return Program(
+      function=function,
+      input_placements=tuple(input_placements),
+      input_blocks=tuple(
+          placement_lib.host_blocks(placement, shape)
+          for placement, shape in zip(input_placements, local_shapes)),
+      output_placements=tuple(built["placements"]),
+      output_shapes=tuple(
+          tf.TensorShape(placement.local_shape(tuple(v.shape)))
+          for v, placement in zip(result.values, built["placements"])),
+      output_dtypes=tuple(v.dtype for v in result.values),
+      output_treedef=result.treedef,
+      inline=program,
+      output_axes=tuple(result.out_axes),
+      size=size,
+      trainable_variables=tuple(concrete.trainable_variables),
+      dtensor_switches=dtensor_settings.for_program(
+          mesh_key.devices, len(mesh_key.sizes),
+          devices_lib.process_count(), graph_def),
+      mesh=mesh,
+      device_generation=dtensor_device.generation(),
+      may_fail=run_errors.may_fail(graph_def),
+      effects=tuple(result.effects),
+      effect_placements=tuple(built["effect_placements"]),
+      effect_shapes=tuple(
+          tf.TensorShape(placement.local_shape(tuple(value.shape)))
+          for value, placement in zip(_effect_values(result.effects),
+                                      built["effect_placements"])))
+
+
+def _effect_values(records):
+  """The tensors the program returns for `records`, in `Program.effects` order."""
+  values = []
+  for record in records:
+    if record.mask is not None:
+      values.append(record.mask)
+    values.extend(record.tensors)
+  return values
+
+
+def effect_values(program, values):
+  """Splits the values of `Program.effects` into `(mask, tensors)` per record."""
+  values = iter(values)
+  split = []
+  for record in program.effects:
+    mask = None if record.mask is None else next(values)
+    split.append((mask, [next(values) for _ in record.tensors]))
+  return split
+
+
+def _describe(options, mesh_key, specs, graph):
+  """The traced program in words every process would write the same way.
+
+  Two lambdas on one line have one name: the digest of the program's op
+  types tells their programs apart (a psum's from a pmax's).
+  """
+  function = getattr(options.fun, "__qualname__", type(options.fun).__name__)
+  _, sizes, devices = mesh_key
+  inputs = ", ".join(f"{spec.dtype.name}{spec.shape.as_list()}"
+                     for spec in specs)
+  ops = hashlib.sha1(" ".join(
+      op.type for op in graph.get_operations()).encode()).hexdigest()[:10]
+  return (f"pmap of {function} over axis {options.axis_name!r}, a mesh of "
+          f"{' x '.join(str(s) for s in sizes)} on devices "
+          f"{[device.id for device in devices]}, inputs ({inputs}), ops {ops}")
+
+
+def _check_static_shapes(result):
+  """Raises for an output whose size depends on the data (`tf.unique`)."""
+  for value, path in zip(result.values, result.paths):
+    if not value.shape.is_fully_defined():
+      raise ValueError(
+          f"the pmapped function returned {path} of shape {value.shape} (with "
+          f"the mapped axis), whose size depends on the data (from an op such "
+          f"as tf.unique, tf.boolean_mask or tf.where); DTensor lays out only "
+          f"static shapes. Return a fixed-size result: pad it to its largest "
+          f"size, with its length (or a mask) as another output.")
+
+
+# Ops whose outputs have no static shape by design: py functions until the
+# user says it (tf.ensure_shape, which the outputs' own check asks for), and
+# the inputs of loop bodies and conditions, which TensorFlow may relax.
+_SHAPELESS_BY_DESIGN = frozenset(("EagerPyFunc", "PyFunc", "PyFuncStateless",
+                                  "Placeholder"))
+
+
+def _check_no_data_dependent_shapes(graph, axis_name):
+  """Raises for an op whose output size depends on the data (tf.unique).
+
+  Every input of the program has a static shape, so a tensor of unknown
+  size comes from such an op; DTensor mis-expands it (wrong values, or a
+  crash of the process, TF 2.21), as it lays out only static shapes.
+  """
+  def data_dependent(operation):
+    return operation.type not in _SHAPELESS_BY_DESIGN and any(
+        output.dtype not in (tf.resource, tf.variant) and
+        not output.shape.is_fully_defined() for output in operation.outputs)
+
+  found = control_flow.find_operation(graph.get_operations(), data_dependent)
+  if found is not None:
+    shape = next(o.shape for o in found.outputs if not o.shape.is_fully_defined())
+    # The user's name for it, without what the vectorizer appended.
+    name = found.name.split("/pfor/")[0]
+    raise ValueError(
+        f"the function mapped over axis {axis_name!r} makes a tensor whose "
+        f"size depends on the data: the op {found.type} ({name}) gives "
+        f"shape {shape}, as tf.unique, tf.boolean_mask, tf.where(condition) "
+        f"or a slice with a computed end do. A pmap's program needs static "
+        f"shapes, as under jax.pmap: keep the full size and mask instead "
+        f"(tf.where(condition, x, 0), a weight of 0, a one-hot sum), or pad "
+        f"to a fixed size.")
+
+
+def _relayout(value, layout):
+  """`dtensor.relayout`, moving uint64 as int64, which DTensor can move.
+
+  DTensor's collectives refuse uint64 (TF 2.21); the cast keeps the bits.
+  """
+  if value.dtype != tf.uint64:
+    return dtensor.relayout(value, layout)
+  moved = dtensor.relayout(tf.cast(value, tf.int64), layout)
+  return tf.cast(moved, tf.uint64)
+
+
+def _carry_treedef(dynamic, steps):
+  if not dynamic:
+    raise TypeError(
+        f"pmap with steps={steps} needs the carry as the first positional "
+        f"argument (not static), and got none.")
+  return tree.flatten(dynamic[0])[1]
+
+
+def _on_mesh(captured, mesh):
+  """A tensor the program closes over, as DTensor takes it.
+
+  DTensor takes an eager tensor that is not a DTensor only if it is a scalar
+  or a small integer one ("was expecting a DTensor"): a closed-over array is
+  copied to every device of the mesh once, when the program is traced (an
+  eager tensor never changes). Resource handles (variables) pass as they are.
+  """
+  if (not isinstance(captured, tf.Tensor) or dtensor.is_dtensor(captured) or
+      captured.dtype in (tf.resource, tf.variant)):
+    return captured
+  return placement_lib.replicated(captured, mesh)

@@ -1,0 +1,95 @@
+"""A pfor converter for batched matmuls whose batch axes broadcast.
+
+TensorFlow's oneDNN kernel of `BatchMatMulV2` on CPU (TF 2.21, on unless
+`TF_ENABLE_ONEDNN_OPTS=0`) writes outside its buffers when a left operand
+of rank 4 or more has a batch axis of size 1 after a larger one and the
+right operand is broadcast over them: `[4, 1, 8, 2] @ [1, 2, 16]` gives
+wrong values or aborts the process ("free(): invalid size",
+"malloc(): unaligned tcache chunk detected"; tensorflow/tensorflow#117700).
+
+pfor's converter writes such a matmul whenever a value stacked over the
+mapped axis is multiplied by one that is not: nested maps add a batch axis
+per level, and DTensor's per-device shapes decide the sizes. In JAX's
+FSDP + tensor-parallel example on a (4, 2) mesh, DTensor splits the
+contraction over the 'batch' devices, so each device multiplies
+`[4, 1, 8, 2]` by the `[1, 2, 16]` block of the weights it keeps. Here a
+batched matmul whose batch axes broadcast becomes an einsum with every
+axis named: TensorFlow's einsum folds the axes only one operand has into
+the rows or columns of a matmul of rank 3, which that kernel gets right.
+"""
+
+import string
+
+import tensorflow as tf
+
+from tfspmd._src.core import tf_internal
+
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
+
+def mark(operations):
+  """Gives each BatchMatMulV2 among `operations` this converter."""
+  for operation in operations:
+    if operation.type == "BatchMatMulV2":
+      tf_internal.set_pfor_converter(operation, _convert)
+
+
+@_do_not_convert
+def _convert(op_inputs):
+  left, right = op_inputs.broadcast_inputs()
+  adjoint = (op_inputs.get_attr("adj_x"), op_inputs.get_attr("adj_y"))
+  return [tf_internal.wrap_converted(matmul(left, right, *adjoint), True)]
+
+
+def matmul(left, right, adjoint_left=False, adjoint_right=False):
+  """`tf.matmul`, as an einsum where the batch axes broadcast.
+
+  Args:
+    left: A tensor of rank >= 2.
+    right: A tensor of rank >= 2 with the same dtype.
+    adjoint_left: Multiply by the adjoint of `left`'s matrices.
+    adjoint_right: Multiply by the adjoint of `right`'s matrices.
+
+  Returns:
+    The product, with NumPy's broadcasting of the batch axes.
+
+  Example:
+    >>> left, right = tf.ones([4, 1, 8, 2]), tf.ones([1, 2, 16])
+    >>> matmul(left, right).shape
+    TensorShape([4, 1, 8, 16])
+  """
+  shapes = (left.shape[:-2], right.shape[:-2])
+  if (not (left.dtype.is_floating or left.dtype.is_complex) or
+      shapes[0] == shapes[1] or
+      not all(s.is_fully_defined() for s in shapes)):
+    return tf.matmul(left, right, adjoint_a=adjoint_left,
+                     adjoint_b=adjoint_right)
+  batch = tf.broadcast_static_shape(*shapes).as_list()
+  letters = string.ascii_letters[:len(batch)]
+  rows, inner, columns = string.ascii_letters[len(batch):len(batch) + 3]
+  left, left_term = _named(left, batch, letters, adjoint_left, rows + inner)
+  right, right_term = _named(right, batch, letters, adjoint_right,
+                             inner + columns)
+  return tf.einsum(f"{left_term},{right_term}->{letters}{rows}{columns}",
+                   left, right)
+
+
+def _named(value, batch, letters, adjoint, matrix):
+  """`value` without its broadcast axes, and the einsum term naming it.
+
+  A batch axis of size 1 where the result's is larger is squeezed out (the
+  einsum broadcasts what an operand does not name).
+  """
+  own = value.shape[:-2].as_list()
+  offset = len(batch) - len(own)
+  broadcast = [k for k, size in enumerate(own)
+               if size == 1 and batch[offset + k] != 1]
+  if broadcast:
+    value = tf.squeeze(value, broadcast)
+  term = "".join(letters[offset + k] for k in range(len(own))
+                 if k not in broadcast)
+  if adjoint:
+    matrix = matrix[::-1]
+    if value.dtype.is_complex:
+      value = tf.math.conj(value)
+  return value, term + matrix

@@ -1,0 +1,408 @@
+"""pfor converters that write ops pfor or DTensor cannot handle with ops they can.
+
+DTensor (TF 2.21) has no layout propagation for `ReverseV2`, `Roll`,
+`ArgMin`, `MatrixBandPart` and `MatrixDiagPartV3`, and refuses an `Einsum`
+whose equation has an ellipsis ("Broadcasting is unimplemented for
+einsum"). Each has a static equivalent once the per-device shapes are
+known: a reverse or a roll is a gather of permuted positions, an argmin the
+argmax of the negated value, a band a mask, a diagonal a gather, and an
+ellipsis stands for as many explicit axis letters as the operands' ranks
+leave, and a roll by a shift that differs between devices a gather of
+each device's own positions. pfor's own converter of a depthwise
+convolution needs a per-device filter; with a filter the same everywhere,
+the devices fold into the batch, and so they do for the image resizes pfor
+has no converter for. pfor has none for `L2Loss` either: half the sum of
+squares. And TensorFlow's CPU kernel of `SelectV2` (`tf.where`) refuses
+results of rank 9 or more ("Broadcast between ... is not supported yet",
+even between operands of one shape), which a per-device rank of 8 reaches
+once stacked over the devices: there the operands are broadcast to the
+result's shape and `Select` picks. A select with a scalar condition on
+operands that are the same on every device crashes the process in DTensor's
+layout propagation, and so does a `ScatterNd` with int64 indices; pfor
+copies such ops as they are, with no converter, so they are rewritten as
+the per-device function traces (`rewriting_traced_ops`).
+"""
+
+import contextlib
+import string
+import threading
+
+import tensorflow as tf
+
+from tfspmd._src.core import stacking
+from tfspmd._src.core import static_values
+from tfspmd._src.core import tf_internal
+
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
+
+def mark(operations):
+  """Gives the rewritten ops among `operations` their converters."""
+  for operation in operations:
+    converter = _CONVERTERS.get(operation.type)
+    if operation.type == "Einsum" and (
+        b"..." not in operation.get_attr("equation")):
+      converter = None
+    if converter is not None:
+      tf_internal.set_pfor_converter(operation, converter)
+
+
+_rewriting = threading.local()
+
+
+@contextlib.contextmanager
+def rewriting_traced_ops():
+  """Within, ops DTensor mishandles are rewritten as they are traced.
+
+  pfor copies an op whose inputs are the same on every device as it is,
+  with no converter, so these are rewritten before pfor sees them (an op
+  callback): a select with a scalar condition gets a full one, and the
+  scatters take int32 indices (`_REWRITES`). Nested pmaps trace within
+  their enclosing one's: the rewrite is installed once, by the outermost.
+  """
+  if getattr(_rewriting, "active", False):
+    yield
+    return
+  _rewriting.active = True
+  try:
+    with tf_internal.op_callback(_rewritten_op):
+      yield
+  finally:
+    _rewriting.active = False
+
+
+def _rewritten_op(op_type, inputs, attrs, outputs, op_name=None, graph=None):
+  """An op callback: the outputs of the rewritten op, or None to keep it."""
+  del attrs, graph
+  rewrite = _REWRITES.get(op_type)
+  if rewrite is None or tf.executing_eagerly():
+    return None
+  return rewrite(op_type, inputs, outputs, op_name)
+
+
+def _full_condition_select(op_type, inputs, outputs, name):
+  """A `Select` or `SelectV2` with a scalar condition, as one of a full one.
+
+  DTensor's layout propagation crashes the process on the scalar condition
+  (TF 2.21).
+  """
+  del op_type
+  condition, on_true, on_false = inputs
+  shape = outputs[0].shape
+  if condition.shape.rank != 0 or shape.rank in (0, None):
+    return None
+  if shape.is_fully_defined():
+    target = shape.as_list()
+  else:
+    target = tf.broadcast_dynamic_shape(tf.shape(on_true), tf.shape(on_false))
+  return [tf.raw_ops.SelectV2(condition=tf.broadcast_to(condition, target),
+                              t=on_true, e=on_false, name=name)]
+
+
+_INT32_LIMIT = 2**31 - 1
+
+
+def _int32_indices(op_type, inputs, outputs, name):
+  """A scatter with int64 indices, as one with int32 indices.
+
+  DTensor's expansion of `ScatterNd` with int64 indices aborts the process
+  or fails as it runs, and pfor's converter of `TensorScatterUpdate` mixes
+  int32 and int64 (TF 2.21). Sizes that fit in int32 lose nothing.
+  """
+  shape = outputs[0].shape
+  if inputs[1 if op_type != "ScatterNd" else 0].dtype != tf.int64 or not (
+      shape.is_fully_defined() and max(shape.as_list(), default=0) <=
+      _INT32_LIMIT):
+    return None
+  if op_type == "ScatterNd":
+    indices, updates, size = inputs
+    return [tf.raw_ops.ScatterNd(
+        indices=tf.cast(indices, tf.int32), updates=updates,
+        shape=tf.cast(size, tf.int32), name=name)]
+  tensor, indices, updates = inputs
+  return [getattr(tf.raw_ops, op_type)(
+      tensor=tensor, indices=tf.cast(indices, tf.int32), updates=updates,
+      name=name)]
+
+
+_REWRITES = {
+    "Select": _full_condition_select,
+    "SelectV2": _full_condition_select,
+    "ScatterNd": _int32_indices,
+    "TensorScatterUpdate": _int32_indices,
+    "TensorScatterAdd": _int32_indices,
+    "TensorScatterSub": _int32_indices,
+    "TensorScatterMax": _int32_indices,
+    "TensorScatterMin": _int32_indices,
+}
+
+
+@_do_not_convert
+def _convert_reverse(op_inputs):
+  value, stacked = op_inputs.input(0)
+  axes = tf.get_static_value(op_inputs.unstacked_input(1))
+  rank = op_inputs.op.inputs[0].shape.rank
+  if axes is None or rank is None or not value.shape.is_fully_defined():
+    return tf_internal.default_pfor_converter("ReverseV2")(op_inputs)
+  offset = 1 if stacked else 0
+  for axis in {int(a) % rank for a in axes.reshape(-1)}:
+    length = value.shape[axis + offset]
+    value = tf.gather(value, tf.range(length - 1, -1, -1), axis=axis + offset)
+  return [tf_internal.wrap_converted(value, stacked)]
+
+
+def explicit_equation(equation, ranks):
+  """`equation` with each `...` replaced by the axis letters it stands for.
+
+  Args:
+    equation: An einsum equation with an explicit output (`->`).
+    ranks: The rank of each operand.
+
+  Returns:
+    The equation without ellipses, or None where the ellipsis dims must be
+    broadcast (operands whose ellipses cover different ranks).
+
+  >>> explicit_equation('...d,...d->...', [3, 3])
+  'abd,abd->ab'
+  """
+  inputs, output = equation.replace(" ", "").split("->")
+  terms = inputs.split(",")
+  unused = [c for c in string.ascii_letters if c not in equation]
+  covered = {rank - len(term.replace("...", ""))
+             for term, rank in zip(terms, ranks) if "..." in term}
+  if len(covered) != 1:
+    return None
+  letters = "".join(unused[:covered.pop()])
+  return ",".join(t.replace("...", letters) for t in terms) + "->" + (
+      output.replace("...", letters))
+
+
+@_do_not_convert
+def _convert_einsum(op_inputs):
+  equation = op_inputs.op.get_attr("equation").decode()
+  ranks = [t.shape.rank for t in op_inputs.op.inputs]
+  explicit = None
+  if "->" in equation and None not in ranks:
+    explicit = explicit_equation(equation, ranks)
+  if explicit is None:
+    raise ValueError(
+        f"tf.einsum({equation!r}) in a mapped function: DTensor (TF 2.21) "
+        f"cannot place an einsum whose ellipsis broadcasts, and tfspmd writes "
+        f"the ellipsis out only when it covers the same number of axes in "
+        f"every operand and the output is given with '->'. Write the axes "
+        f"out, or broadcast the operands first.")
+  batch = next(c for c in string.ascii_letters if c not in explicit)
+  inputs, output = explicit.split("->")
+  terms = inputs.split(",")
+  values = []
+  for k, term in enumerate(terms):
+    value, stacked = op_inputs.input(k)
+    if stacked:
+      terms[k] = batch + term
+    values.append(value)
+  result = tf.einsum(",".join(terms) + "->" + batch + output, *values)
+  return [tf_internal.wrap_converted(result, True)]
+
+
+def _static_shapes(op_inputs):
+  value, stacked = op_inputs.input(0)
+  return value, stacked, value.shape.is_fully_defined()
+
+
+@_do_not_convert
+def _convert_roll(op_inputs):
+  value, stacked, known = _static_shapes(op_inputs)
+  if op_inputs.input(1).stacked:
+    return _convert_roll_by_device(op_inputs)
+  # The gradient of a roll shifts by -shift: known when shift is.
+  shifts = static_values.value(op_inputs.unstacked_input(1))
+  axes = static_values.value(op_inputs.unstacked_input(2))
+  if not known or shifts is None or axes is None:
+    return tf_internal.default_pfor_converter("Roll")(op_inputs)
+  rank = op_inputs.op.inputs[0].shape.rank
+  offset = 1 if stacked else 0
+  shift_by_axis = {}
+  for shift, axis in zip(shifts.reshape(-1), axes.reshape(-1)):
+    axis = int(axis) % rank
+    shift_by_axis[axis] = shift_by_axis.get(axis, 0) + int(shift)
+  for axis, shift in shift_by_axis.items():
+    length = value.shape[axis + offset]
+    positions = [(k - shift) % length for k in range(length)]
+    value = tf.gather(value, positions, axis=axis + offset)
+  return [tf_internal.wrap_converted(value, stacked)]
+
+
+def _convert_roll_by_device(op_inputs):
+  """A roll whose shift differs between devices: a gather of each row."""
+  value = op_inputs.stacked_input(0)
+  shifts = op_inputs.stacked_input(1)
+  axes = tf.get_static_value(op_inputs.unstacked_input(2))
+  rank = op_inputs.op.inputs[0].shape.rank
+  if (axes is None or rank is None or
+      not value.shape[1:].is_fully_defined()):
+    raise ValueError(
+        f"tf.roll ({op_inputs.op.name.split('/pfor/')[0]}) with a shift "
+        f"that differs between devices: tfspmd maps it only with static "
+        f"axes and a value of static shape.")
+  shifts = tf.reshape(shifts, [value.shape[0], -1])
+  for k, axis in enumerate(axes.reshape(-1)):
+    axis = int(axis) % rank
+    length = value.shape[axis + 1]
+    positions = (tf.range(length)[None, :] -
+                 tf.cast(shifts[:, k:k + 1], tf.int32)) % length
+    value = tf.gather(value, positions, axis=axis + 1, batch_dims=1)
+  return [tf_internal.wrap_converted(value, True)]
+
+
+@_do_not_convert
+def _convert_argmin(op_inputs):
+  value, stacked = op_inputs.input(0)
+  if not (value.dtype.is_floating or (value.dtype.is_integer and
+                                      not value.dtype.is_unsigned)):
+    return tf_internal.default_pfor_converter("ArgMin")(op_inputs)
+  axis = op_inputs.unstacked_input(1)
+  rank = op_inputs.op.inputs[0].shape.rank
+  if stacked:
+    axis = tf.where(axis < 0, axis + rank, axis) + 1
+  # -x reverses the order, ties keep the first position; for integers -min
+  # overflows, so compare against the maximum instead.
+  flipped = -value if value.dtype.is_floating else value.dtype.max - value
+  result = tf.math.argmax(flipped, axis=axis,
+                          output_type=op_inputs.get_attr("output_type"))
+  return [tf_internal.wrap_converted(result, stacked)]
+
+
+@_do_not_convert
+def _convert_band_part(op_inputs):
+  value, stacked, known = _static_shapes(op_inputs)
+  lower = tf.get_static_value(op_inputs.unstacked_input(1))
+  upper = tf.get_static_value(op_inputs.unstacked_input(2))
+  if not known or lower is None or upper is None:
+    return tf_internal.default_pfor_converter("MatrixBandPart")(op_inputs)
+  rows, columns = value.shape[-2:]
+  row = tf.range(rows)[:, None]
+  column = tf.range(columns)[None, :]
+  keep = tf.ones([rows, columns], tf.bool)
+  if lower >= 0:
+    keep = tf.logical_and(keep, row - column <= int(lower))
+  if upper >= 0:
+    keep = tf.logical_and(keep, column - row <= int(upper))
+  result = select(keep, value, tf.zeros_like(value))
+  return [tf_internal.wrap_converted(result, stacked)]
+
+
+@_do_not_convert
+def _convert_diag_part(op_inputs):
+  value, stacked, known = _static_shapes(op_inputs)
+  k = tf.get_static_value(op_inputs.unstacked_input(1))
+  if not known or k is None or k.size != 1 or int(k) != 0:
+    return tf_internal.default_pfor_converter("MatrixDiagPartV3")(op_inputs)
+  rows, columns = value.shape[-2:]
+  length = min(rows, columns)
+  matrices = tf.reshape(value, [-1, rows * columns])
+  diagonal = tf.gather(matrices, [d * columns + d for d in range(length)],
+                       axis=1)
+  result = tf.reshape(diagonal, value.shape[:-2].as_list() + [length])
+  return [tf_internal.wrap_converted(result, stacked)]
+
+
+@_do_not_convert
+def _convert_depthwise(op_inputs):
+  _, stacked, known = _static_shapes(op_inputs)
+  if (op_inputs.input(1).stacked or not stacked or not known or
+      op_inputs.get_attr("data_format") != b"NHWC"):
+    return tf_internal.default_pfor_converter("DepthwiseConv2dNative")(
+        op_inputs)
+  return _on_folded_batch(op_inputs)
+
+
+@_do_not_convert
+def _convert_batch_folded(op_inputs):
+  """An op on a batch of images, the devices folded into the batch."""
+  _, stacked, known = _static_shapes(op_inputs)
+  if not stacked or not known or any(
+      op_inputs.input(k).stacked for k in range(1, op_inputs.num_inputs)):
+    raise ValueError(
+        f"the function mapped over the axis gives {op_inputs.op.type} "
+        f"arguments other than the images that differ between devices; "
+        f"tfspmd maps it only over images of a static shape, with the same "
+        f"size and options on every device.")
+  return _on_folded_batch(op_inputs)
+
+
+def _on_folded_batch(op_inputs):
+  """The op on its first input with the devices folded into its batch.
+
+  The first input is stacked and of static shape; the others are the same
+  on every device.
+  """
+  value = op_inputs.stacked_input(0)
+  shape = value.shape.as_list()
+  folded = tf.reshape(value, [shape[0] * shape[1]] + shape[2:])
+  others = [op_inputs.unstacked_input(k)
+            for k in range(1, op_inputs.num_inputs)]
+  result = tf_internal.recreate_op(op_inputs.op, [folded] + others)[0]
+  result = tf.reshape(result, shape[:2] + result.shape.as_list()[1:])
+  return [tf_internal.wrap_converted(result, True)]
+
+
+@_do_not_convert
+def _convert_l2_loss(op_inputs):
+  value = op_inputs.stacked_input(0)
+  half_sum = tf.reduce_sum(tf.square(value),
+                           axis=list(range(1, value.shape.rank))) / 2
+  return [tf_internal.wrap_converted(half_sum, True)]
+
+
+# The highest rank SelectV2's CPU kernel takes (TF 2.21).
+_SELECT_V2_MAX_RANK = 8
+
+
+def select(condition, on_true, on_false):
+  """`tf.where(condition, on_true, on_false)` at any rank.
+
+  Above the rank SelectV2 takes, the operands are broadcast to the result's
+  shape and `Select`, which takes operands of one shape at any rank, picks.
+  """
+  shape = tf.broadcast_static_shape(
+      condition.shape,
+      tf.broadcast_static_shape(on_true.shape, on_false.shape))
+  if shape.rank is None or shape.rank <= _SELECT_V2_MAX_RANK or (
+      not shape.is_fully_defined()):
+    return tf.where(condition, on_true, on_false)
+  full = shape.as_list()
+  operands = [value if value.shape == shape else
+              stacking.broadcast(value, full)
+              for value in (condition, on_true, on_false)]
+  return tf.raw_ops.Select(condition=operands[0], x=operands[1],
+                           y=operands[2])
+
+
+@_do_not_convert
+def _convert_select(op_inputs):
+  operation = op_inputs.op
+  rank = operation.outputs[0].shape.rank
+  if rank is None or rank + 1 <= _SELECT_V2_MAX_RANK or (
+      operation.type == "Select" and operation.inputs[0].shape.rank != rank):
+    return tf_internal.default_pfor_converter(operation.type)(op_inputs)
+  condition, on_true, on_false = op_inputs.broadcast_inputs()
+  return [tf_internal.wrap_converted(select(condition, on_true, on_false),
+                                     True)]
+
+
+_CONVERTERS = {
+    "ArgMin": _convert_argmin,
+    "L2Loss": _convert_l2_loss,
+    "ResizeArea": _convert_batch_folded,
+    "ResizeBicubic": _convert_batch_folded,
+    "ResizeBilinear": _convert_batch_folded,
+    "ResizeNearestNeighbor": _convert_batch_folded,
+    "DepthwiseConv2dNative": _convert_depthwise,
+    "Einsum": _convert_einsum,
+    "MatrixBandPart": _convert_band_part,
+    "MatrixDiagPartV3": _convert_diag_part,
+    "ReverseV2": _convert_reverse,
+    "Roll": _convert_roll,
+    "Select": _convert_select,
+    "SelectV2": _convert_select,
+}

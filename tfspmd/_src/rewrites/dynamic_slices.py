@@ -1,0 +1,159 @@
+"""Slices at offsets that differ between devices, as `lax.dynamic_slice`.
+
+pfor maps `tf.slice` and a strided slice only where the offsets are the
+same on every position. Where they differ (computed from `axis_index`, a
+loop counter or the data) but the size is static, each position's slice is
+a gather of `begin + range(size)` along each axis, one row of offsets per
+position (`batch_dims=1`), which DTensor computes on each device's own
+rows. As in XLA and JAX, an offset is clamped so the slice stays inside
+the array (a slice that would run past the end starts earlier).
+"""
+
+import tensorflow as tf
+
+from tfspmd._src.core import tf_internal
+from tfspmd._src.rewrites import per_position
+
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
+
+def mark(operations):
+  """Gives the slices among `operations` the converter for per-device offsets."""
+  for operation in operations:
+    if operation.type == "Slice":
+      tf_internal.set_pfor_converter(operation, _convert_slice)
+    elif (operation.type == "StridedSlice" and
+          not operation.get_attr("new_axis_mask")):
+      tf_internal.set_pfor_converter(operation, _convert_strided_slice)
+
+
+def _offsets_stacked(op_inputs):
+  return any(op_inputs.input(k).stacked
+             for k in range(1, op_inputs.num_inputs))
+
+
+@_do_not_convert
+def _convert_slice(op_inputs):
+  operation = op_inputs.op
+  sizes = operation.outputs[0].shape
+  if not _offsets_stacked(op_inputs) or op_inputs.input(2).stacked:
+    return per_position.default_or_per_position(op_inputs)
+  if not sizes.is_fully_defined():
+    raise ValueError(
+        f"the slice {operation.name.split('/pfor/')[0]} starts at an offset "
+        f"that differs between devices and has the size {sizes}, not known "
+        f"when tracing. Give tf.slice a static size (no -1 past an offset "
+        f"that differs between devices), as lax.dynamic_slice takes one.")
+  begin = op_inputs.stacked_input(1)
+  value = op_inputs.stacked_input(0)
+  return [tf_internal.wrap_converted(
+      slice_rows(value, begin, sizes.as_list()), True)]
+
+
+@_do_not_convert
+def _convert_strided_slice(op_inputs):
+  operation = op_inputs.op
+  if not _offsets_stacked(op_inputs) or op_inputs.input(3).stacked:
+    return per_position.default_or_per_position(op_inputs)
+  value = op_inputs.stacked_input(0)
+  sizes = _strided_slice_sizes(operation, value.shape.as_list()[1:])
+  if sizes is None:
+    raise ValueError(
+        f"the strided slice {operation.name.split('/pfor/')[0]} starts at an "
+        f"offset that differs between devices, and tfspmd maps such a slice "
+        f"only with steps of 1, no `...`, and a size known when tracing "
+        f"(`x[i]`, `x[i, 2:5]`, `x[:, j]`). Write it as tf.slice(x, begin, "
+        f"size) with a static size, as lax.dynamic_slice takes one.")
+  shrink = operation.get_attr("shrink_axis_mask")
+  begin_mask = operation.get_attr("begin_mask")
+  dims = value.shape.as_list()[1:]
+  begin = op_inputs.stacked_input(1)
+  given = begin.shape[1]
+  starts = []
+  for axis, dim in enumerate(dims):
+    if axis >= given or begin_mask >> axis & 1:
+      starts.append(tf.zeros_like(begin[:, 0]))
+    else:
+      # Python's negative index counts from the end.
+      start = begin[:, axis]
+      starts.append(tf.where(start < 0, start + dim, start))
+  sliced = slice_rows(value, tf.stack(starts, axis=1), sizes)
+  kept = [size for axis, size in enumerate(sizes)
+          if axis >= given or not shrink >> axis & 1]
+  return [tf_internal.wrap_converted(
+      tf.reshape(sliced, [value.shape[0]] + kept), True)]
+
+
+def _strided_slice_sizes(operation, dims):
+  """The static size of a strided slice along each axis, or None.
+
+  A shrunk axis has size 1; the size of another comes from its begin and
+  end where both are known (or masked) when tracing.
+  """
+  if (None in dims or operation.get_attr("ellipsis_mask") or
+      operation.get_attr("new_axis_mask")):
+    return None
+  strides = _static_components(operation.inputs[3])
+  if strides is None or any(s != 1 for s in strides):
+    return None
+  begins = _static_components(operation.inputs[1], allow_unknown=True)
+  ends = _static_components(operation.inputs[2], allow_unknown=True)
+  shrink = operation.get_attr("shrink_axis_mask")
+  begin_mask = operation.get_attr("begin_mask")
+  end_mask = operation.get_attr("end_mask")
+  sizes = []
+  for axis, dim in enumerate(dims):
+    if axis >= len(strides):
+      sizes.append(dim)
+      continue
+    if shrink >> axis & 1:
+      sizes.append(1)
+      continue
+    begin = 0 if begin_mask >> axis & 1 else begins[axis]
+    end = dim if end_mask >> axis & 1 else ends[axis]
+    if begin is None or end is None:
+      return None
+    begin, end = (min(max(b + dim if b < 0 else b, 0), dim)
+                  for b in (begin, end))
+    sizes.append(max(end - begin, 0))
+  return sizes
+
+
+def _static_components(tensor, allow_unknown=False):
+  """The entries of a 1-D integer tensor known when tracing (None: unknown).
+
+  Entries of a `tf.stack` of scalars are read one by one, so `x[i, 1:4]`
+  knows its second axis even though `i` is computed.
+  """
+  known = tf.get_static_value(tensor)
+  if known is not None:
+    return [int(v) for v in known.reshape(-1)]
+  if not allow_unknown or tensor.op.type != "Pack":
+    return None
+  components = []
+  for scalar in tensor.op.inputs:
+    value = tf.get_static_value(scalar)
+    components.append(None if value is None else int(value))
+  return components
+
+
+def slice_rows(value, begin, sizes):
+  """Row `p` of `value`, sliced from `begin[p]` with `sizes`, for every `p`.
+
+  Args:
+    value: A tensor of static shape `[n, d0, d1, ...]`.
+    begin: An integer tensor `[n, rank]`: each row's offsets.
+    sizes: The static size of the slice along each of `d0, d1, ...`.
+
+  Returns:
+    A tensor `[n, *sizes]`.
+  """
+  dims = value.shape.as_list()[1:]
+  begin = tf.cast(begin, tf.int64)
+  for axis, (dim, size) in enumerate(zip(dims, sizes)):
+    if size == dim:
+      continue
+    start = tf.clip_by_value(begin[:, axis], 0, dim - size)
+    positions = start[:, None] + tf.range(size, dtype=tf.int64)[None, :]
+    value = tf.gather(value, positions, axis=axis + 1, batch_dims=1)
+  return value

@@ -1,0 +1,106 @@
+"""Arithmetic on ShardedArrays, on the devices, keeping how they are split.
+
+A jax.Array supports every operator and runs it where the array lives; so
+does a `ShardedArray`: each operator runs the TensorFlow op on the DTensors
+(DTensor runs it on every device's blocks), and the result is a
+`ShardedArray` laid out as DTensor's SPMD expansion left it. Operands that
+are not on the devices (NumPy arrays, Python numbers, tf.Tensors) are copied
+to every device of the array's mesh first. A Python number takes the array's
+dtype where it fits, as TensorFlow does; everything else keeps its own, and
+dtypes follow TensorFlow: no promotion (`int32 array + 1.5` or a float32
+array plus a float64 NumPy array is an error: cast first).
+"""
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfspmd._src.core.config import config
+from tfspmd._src.runtime import placement as placement_lib
+
+
+def _operand(value, like):
+  """`value` as a DTensor on the mesh of the ShardedArray `like`."""
+  if isinstance(value, type(like)):
+    mesh_key = like.placement.mesh_key
+    if value.placement.mesh_key == mesh_key:
+      return value.dtensor_value
+    if value.placement.mesh_key[1:] == mesh_key[1:]:
+      # Other dimension names only (a shard_map's result and a pmap's):
+      # each device keeps its blocks, now on `like`'s mesh.
+      return placement_lib.repack(
+          value.dtensor_value, placement_lib.renamed(value.placement, mesh_key))
+    if set(value.placement.devices) == set(like.placement.devices):
+      # A mesh of another shape over the same devices: moved on the
+      # devices, split as `like` where the shapes agree.
+      spec = (like.placement.spec if value.shape == like.shape
+              else (None,) * value.shape.rank)
+      return placement_lib.relayout(
+          value.dtensor_value, placement_lib.Placement(mesh_key, spec))
+    raise ValueError(
+        f"ShardedArray arithmetic needs both arrays on the same devices; "
+        f"one lies on {_describe(like.placement.devices)}, the other on "
+        f"{_describe(value.placement.devices)}. Fetch one with np.asarray "
+        f"first.")
+  if isinstance(value, tf.Tensor) and dtensor.is_dtensor(value):
+    return value
+  if (isinstance(value, (bool, int, float, complex)) and
+      not isinstance(value, np.generic)):  # np.float64 is a float too
+    # A Python number takes the array's dtype where it fits, as in
+    # `tensor + 1`. Only a Python number: a dtype hint would truncate a NumPy
+    # array of floats to an integer array's dtype without a word.
+    tensor = tf.convert_to_tensor(value, dtype_hint=like.dtype)
+  elif isinstance(value, (np.ndarray, np.generic)):
+    tensor = tf.convert_to_tensor(config.narrowed(np.asarray(value)))
+  else:
+    tensor = tf.convert_to_tensor(value)
+  return placement_lib.replicated(tensor, like.placement.mesh)
+
+
+def _describe(devices):
+  """`devices` for a message: their count, platform and ids."""
+  platforms = sorted({device.platform for device in devices})
+  return (f"{len(devices)} {'/'.join(platforms)} devices "
+          f"{[device.id for device in devices]}")
+
+
+def accepts(value, like):
+  """Whether `value` can be the other operand of an operator of `like`."""
+  return isinstance(value, (type(like), tf.Tensor, np.ndarray, np.generic,
+                            bool, int, float, complex))
+
+
+def wrap(value, like):
+  """The DTensor `value` as a ShardedArray on the mesh of `like`."""
+  split = tuple(None if dim == dtensor.UNSHARDED else dim
+                for dim in dtensor.fetch_layout(value).sharding_specs)
+  placement = placement_lib.Placement(like.placement.mesh_key, split)
+  return type(like)(value, placement,
+                    placement.local_shape(tuple(value.shape)), value.dtype)
+
+
+def binary(op, left, right, like):
+  """`op` of the two operands (one of them `like`), on the devices."""
+  left, right = _operand(left, like), _operand(right, like)
+  if left.dtype != right.dtype:
+    # Checked here: DTensor's eager ops crash the process on it (TF 2.21).
+    raise TypeError(
+        f"ShardedArray arithmetic between {left.dtype.name} and "
+        f"{right.dtype.name}: TensorFlow does not promote dtypes; cast one "
+        f"first (x.astype(tf.{right.dtype.name}), or tf.cast).")
+  return wrap(op(left, right), like)
+
+
+def unary(op, value):
+  return wrap(op(value.dtensor_value), value)
+
+
+def matmul(left, right):
+  """NumPy's matmul: a 1-D operand is a row (left) or a column (right)."""
+  if left.shape.rank == 1 and right.shape.rank == 1:
+    return tf.reduce_sum(left * right)
+  if left.shape.rank == 1:
+    return tf.squeeze(tf.matmul(tf.expand_dims(left, 0), right), -2)
+  if right.shape.rank == 1:
+    return tf.squeeze(tf.matmul(left, tf.expand_dims(right, -1)), -1)
+  return tf.matmul(left, right)

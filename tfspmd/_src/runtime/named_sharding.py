@@ -1,0 +1,180 @@
+"""Shardings, as `jax.sharding`: where an array lies on the devices.
+
+A `NamedSharding` pairs a `Mesh` with a `PartitionSpec`; given an array's
+rank it is one `Placement`, the form the rest of tfspmd works with. A
+`SingleDeviceSharding` names one device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tfspmd._src.runtime import devices as devices_lib
+from tfspmd._src.runtime import named_mesh
+from tfspmd._src.runtime import placement as placement_lib
+from tfspmd._src.runtime.named_mesh import Mesh
+from tfspmd._src.runtime.named_mesh import PartitionSpec
+
+
+class NamedSharding:
+  """An array split over a `Mesh` as a `PartitionSpec` says.
+
+  Args:
+    mesh: The `tfspmd.Mesh` whose devices hold the array.
+    spec: A `tfspmd.PartitionSpec`: for each array dimension, None, a mesh
+      axis name, or a tuple of names.
+
+  Raises:
+    TypeError: If `mesh` is not a `tfspmd.Mesh` or `spec` not a
+      `PartitionSpec`.
+    ValueError: If `spec` names an axis the mesh lacks, or one axis twice.
+
+  Example:
+    >>> import tfspmd
+    >>> from tfspmd.sharding import NamedSharding, PartitionSpec as P
+    >>> mesh = tfspmd.make_mesh((4, 2), ('x', 'y'))
+    >>> s = NamedSharding(mesh, P('x'))
+    >>> s
+    NamedSharding(mesh=Mesh({'x': 4, 'y': 2}), spec=PartitionSpec('x'))
+    >>> s == NamedSharding(mesh, P('x')), s.num_devices
+    (True, 8)
+  """
+
+  def __init__(self, mesh: Mesh, spec: PartitionSpec) -> None:
+    if not isinstance(mesh, Mesh):
+      raise TypeError(
+          f"NamedSharding: `mesh` must be a tfspmd.Mesh "
+          f"(tfspmd.make_mesh(...)), got {type(mesh).__name__}.")
+    if not isinstance(spec, PartitionSpec):
+      raise TypeError(
+          f"NamedSharding: `spec` must be a tfspmd.PartitionSpec "
+          f"(tfspmd.P(...)), got {type(spec).__name__} {spec!r}.")
+    named_mesh.check_spec_axes(spec, mesh, f"NamedSharding: `spec` {spec}")
+    self._mesh = mesh
+    self._spec = spec
+
+  @property
+  def mesh(self) -> Mesh:
+    return self._mesh
+
+  @property
+  def spec(self) -> PartitionSpec:
+    return self._spec
+
+  @property
+  def device_set(self) -> set[devices_lib.Device]:
+    """The devices of the mesh, as a set."""
+    return set(self._mesh.devices.flat)
+
+  @property
+  def num_devices(self) -> int:
+    return self._mesh.size
+
+  def is_equivalent_to(self, other: Any, ndim: int) -> bool:
+    """True if `other` lays an array of rank `ndim` out the same way.
+
+    `P('x')` and `P('x', None)` differ as specs but not as layouts.
+    """
+    if not isinstance(other, NamedSharding) or other.mesh != self._mesh:
+      return False
+    return (_padded(self._spec, ndim) == _padded(other.spec, ndim))
+
+  def __eq__(self, other: object) -> bool:
+    return (isinstance(other, NamedSharding) and self._mesh == other.mesh and
+            self._spec == other.spec)
+
+  def __hash__(self) -> int:
+    return hash((self._mesh, self._spec))
+
+  def __repr__(self) -> str:
+    return f"NamedSharding(mesh={self._mesh!r}, spec={self._spec!r})"
+
+
+class SingleDeviceSharding:
+  """An array whole on one device.
+
+  Args:
+    device: A `tfspmd.Device`.
+
+  Example:
+    >>> import tfspmd
+    >>> from tfspmd.sharding import SingleDeviceSharding
+    >>> SingleDeviceSharding(tfspmd.devices()[1])
+    SingleDeviceSharding(device=Device(platform='cpu', id=1))
+  """
+
+  def __init__(self, device: devices_lib.Device) -> None:
+    if not isinstance(device, devices_lib.Device):
+      raise TypeError(
+          f"SingleDeviceSharding: `device` must be a tfspmd.Device (from "
+          f"tfspmd.devices()), got {type(device).__name__}.")
+    self._device = device
+
+  @property
+  def device_set(self) -> set[devices_lib.Device]:
+    return {self._device}
+
+  @property
+  def num_devices(self) -> int:
+    return 1
+
+  def __eq__(self, other: object) -> bool:
+    return (isinstance(other, SingleDeviceSharding) and
+            self._device == other._device)  # pylint: disable=protected-access
+
+  def __hash__(self) -> int:
+    return hash(self._device)
+
+  def __repr__(self) -> str:
+    return f"SingleDeviceSharding(device={self._device!r})"
+
+
+def _padded(spec, ndim):
+  return tuple(spec) + (None,) * (ndim - len(spec))
+
+
+def placement_of(sharding, shape, what):
+  """The `Placement` of an array of `shape` laid out by `sharding`.
+
+  A dimension split over several mesh axes is split over the first of them
+  and whole along the others, as shard_map lays out its results: a DTensor
+  layout splits a dimension over one mesh dimension.
+
+  Raises:
+    ValueError: Naming `what`, if the spec is longer than the array's rank
+      or a split dimension is not divisible by its number of blocks.
+  """
+  spec, mesh = sharding.spec, sharding.mesh
+  if len(spec) > len(shape):
+    raise ValueError(
+        f"{what} of shape {tuple(shape)} has rank {len(shape)}, but "
+        f"{sharding} splits {len(spec)} dimensions; give a spec of at most "
+        f"{len(shape)} entries.")
+  dim_of = dict(zip(mesh.axis_names, mesh.dim_names))
+  dims = []
+  for dimension, size in enumerate(shape):
+    axes = spec.axes_of(dimension)
+    count = mesh.shape[axes[0]] if axes else 1
+    if size % count:
+      raise ValueError(
+          f"{what} of shape {tuple(shape)}: {sharding} splits dimension "
+          f"{dimension} {count} ways, which does not evenly divide its size "
+          f"{size}.")
+    dims.append(dim_of[axes[0]] if axes else None)
+  return placement_lib.Placement(mesh.mesh_key, tuple(dims))
+
+
+def sharding_of(placement):
+  """The `NamedSharding` of `placement`, on a Mesh named as its DTensor mesh.
+
+  Trailing whole dimensions are left out of the spec, as `P('x')` writes
+  what `P('x', None)` does.
+  """
+  dim_names, sizes, devices = placement.mesh_key
+  mesh = Mesh(np.array(devices, dtype=object).reshape(sizes), dim_names)
+  spec = list(placement.spec)
+  while spec and spec[-1] is None:
+    spec.pop()
+  return NamedSharding(mesh, PartitionSpec(*spec))

@@ -1,0 +1,319 @@
+"""Host data <-> DTensors on a mesh: layouts, packing, and assembling.
+
+A value's placement says which of its axes is split over which mesh
+dimension; every other axis is whole on each device. Mapped inputs are
+placed by `dtensor.pack` of per-device slices, never by copying the whole
+array to every device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tensorflow.experimental import dtensor
+
+from tfspmd._src.core import tf_internal
+from tfspmd._src.runtime import devices as devices_lib
+from tfspmd._src.runtime import dtensor_device
+
+if TYPE_CHECKING:
+  from tfspmd._src.runtime import mesh as mesh_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """How a tensor lies on a mesh.
+
+  Attributes:
+    mesh_key: The `mesh.MeshKey` (dim names, sizes, devices) of the mesh.
+    spec: One entry per tensor axis: the mesh dimension it is split over, or
+      None where every device holds the whole axis.
+  """
+  mesh_key: mesh_lib.MeshKey
+  spec: tuple
+
+  @functools.cached_property
+  def mesh(self):
+    from tfspmd._src.runtime import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+    return mesh_lib.mesh_for_axes(*self.mesh_key)
+
+  @functools.cached_property
+  def layout(self):
+    specs = [dtensor.UNSHARDED if dim is None else dim for dim in self.spec]
+    return dtensor.Layout(specs, self.mesh)
+
+  @property
+  def devices(self):
+    return self.mesh_key.devices
+
+  @functools.cached_property
+  def local_blocks(self):
+    """For each local device, in mesh order: `(device, index)` of its block.
+
+    `index` is a tuple with one entry per tensor axis: the block number along
+    a split axis, None along a whole one.
+    """
+    dim_names, sizes, devices = self.mesh_key
+    position_of = {name: k for k, name in enumerate(dim_names)}
+    blocks = []
+    for position in self.mesh.local_device_ids():
+      coordinate = np.unravel_index(position, sizes)
+      index = tuple(None if dim is None else int(coordinate[position_of[dim]])
+                    for dim in self.spec)
+      blocks.append((devices[position], index))
+    return tuple(blocks)
+
+  @functools.cached_property
+  def block_map(self):
+    """Which block each local device holds, whatever the mesh's dim names."""
+    return (tuple((device, index) for device, index in self.local_blocks),
+            self.counts())
+
+  def counts(self):
+    """The number of blocks along each tensor axis."""
+    dim_names, sizes, _ = self.mesh_key
+    size_of = dict(zip(dim_names, sizes))
+    return tuple(1 if dim is None else size_of[dim] for dim in self.spec)
+
+  @functools.cached_property
+  def _local_ranks(self):
+    """Per mesh dim: {coordinate: its rank among this process's coordinates}."""
+    dim_names, sizes, _ = self.mesh_key
+    coordinates = [np.unravel_index(position, sizes)
+                   for position in self.mesh.local_device_ids()]
+    ranks = {}
+    for k, name in enumerate(dim_names):
+      held = sorted({int(c[k]) for c in coordinates})
+      ranks[name] = {c: rank for rank, c in enumerate(held)}
+    return ranks
+
+  @functools.cached_property
+  def local_view(self):
+    """`local_blocks` with block numbers within this process's part.
+
+    With several processes, each holds a part of the array (the blocks of
+    its devices) and sees it as an array of its own, as in JAX's pmap; in
+    one process the part is the whole array.
+    """
+    ranks = self._local_ranks
+    return tuple(
+        (device, tuple(None if dim is None else ranks[dim][block]
+                       for dim, block in zip(self.spec, index)))
+        for device, index in self.local_blocks)
+
+  def local_counts(self):
+    """The number of blocks of this process's part along each tensor axis."""
+    return tuple(1 if dim is None else len(self._local_ranks[dim])
+                 for dim in self.spec)
+
+  def local_shape(self, global_shape):
+    """The shape of this process's part of an array of `global_shape`."""
+    return tuple(extent // count * local for extent, count, local in zip(
+        global_shape, self.counts(), self.local_counts()))
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessBlock:
+  """Where this process's devices lie in a grid of devices.
+
+  With several processes, a process passes and gets back its part of an
+  array split over the grid: the blocks of the positions its devices hold.
+  That part is an array only if the devices hold every combination of
+  their positions along the grid's axes (`is_block`).
+
+  Attributes:
+    process: This process's index.
+    held: The grid positions (index tuples) of its devices, in grid order.
+    positions: Per grid axis, the sorted positions its devices hold.
+  """
+  process: int
+  held: tuple
+  positions: tuple
+
+  @property
+  def extents(self):
+    """Per grid axis, how many positions this process holds."""
+    return tuple(len(p) for p in self.positions)
+
+  @property
+  def is_block(self):
+    return len(self.held) == math.prod(self.extents)
+
+
+def process_block(grid):
+  """The `ProcessBlock` of this process in `grid`, an array of `Device`s."""
+  me = devices_lib.process_index()
+  held = tuple(index for index, device in np.ndenumerate(grid)
+               if device.process_index == me)
+  positions = tuple(tuple(sorted({index[k] for index in held}))
+                    for k in range(grid.ndim))
+  return ProcessBlock(me, held, positions)
+
+
+def block_slices(index, shape, counts):
+  """NumPy index of the block `index` of an array of `shape` split `counts` ways."""
+  slices = []
+  for block, extent, count in zip(index, shape, counts):
+    if block is None:
+      slices.append(slice(None))
+    else:
+      step = extent // count
+      slices.append(slice(block * step, (block + 1) * step))
+  return tuple(slices)
+
+
+def host_blocks(placement, shape):
+  """The NumPy index of each local device's block, in mesh order.
+
+  None stands for the whole array (a replicated one's every block), which
+  `pack_host_array` passes as it is instead of a view per device.
+
+  Args:
+    placement: The `Placement` of the array.
+    shape: The shape of this process's part of the array.
+  """
+  counts = placement.local_counts()
+  return tuple(None if all(block is None for block in index) else
+               block_slices(index, shape, counts)
+               for _, index in placement.local_view)
+
+
+def pack_host_array(array, placement, blocks=None):
+  """Places the NumPy `array`, this process's part, each device getting its block.
+
+  Args:
+    array: This process's part of the array.
+    placement: Where it goes.
+    blocks: `host_blocks(placement, array.shape)`, where the caller keeps
+      them (a program's inputs have the shapes it was traced for).
+  """
+  if blocks is None:
+    blocks = host_blocks(placement, array.shape)
+  with dtensor_device.entry:
+    return dtensor.pack([array if block is None else array[block]
+                         for block in blocks], placement.layout)
+
+
+def pack_global_array(array, placement):
+  """Places this process's blocks of the whole NumPy `array`."""
+  counts = placement.counts()
+  components = [array[block_slices(index, array.shape, counts)]
+                for _, index in placement.local_blocks]
+  with dtensor_device.entry:
+    return dtensor.pack(components, placement.layout)
+
+
+def renamed(placement, mesh_key):
+  """`placement` on `mesh_key`, the same devices and shape under other names.
+
+  A shard_map's mesh dimensions have the mesh's axis names and a pmap's are
+  named by depth: over the same devices, a block lies on the device at the
+  same position of either mesh.
+  """
+  rename = dict(zip(placement.mesh_key.dim_names, mesh_key.dim_names))
+  return Placement(mesh_key, tuple(None if dim is None else rename[dim]
+                                   for dim in placement.spec))
+
+
+def renamed_layout(layout, mesh):
+  """`layout` on `mesh`, or None unless the meshes differ only in dim names."""
+  source = layout.mesh
+  if (source.shape() != mesh.shape() or
+      source.local_devices() != mesh.local_devices() or
+      not np.array_equal(source.global_device_ids(), mesh.global_device_ids())):
+    return None
+  rename = dict(zip(source.dim_names, mesh.dim_names))
+  return dtensor.Layout([rename.get(spec, spec)
+                         for spec in layout.sharding_specs], mesh)
+
+
+def components(value):
+  """`dtensor.unpack(value)`, the per-device tensors, once they are computed.
+
+  DTensor's unpack waits for a value still being computed holding the GIL
+  (TF 2.21): every other Python thread would stop for as long. The eager
+  executor's wait releases it, so it waits first.
+  """
+  tf_internal.wait_for_pending_ops()
+  with dtensor_device.entry:
+    return dtensor.unpack(value)
+
+
+def repack(value, placement):
+  """Moves a DTensor's per-device components onto `placement`'s layout.
+
+  Only valid when each local device of `placement` already holds exactly the
+  block it needs (the same split over the same devices, under another mesh).
+  """
+  with dtensor_device.entry:
+    return dtensor.pack(dtensor.unpack(value), placement.layout)
+
+
+def assemble(value, placement, local_shape, dtype):
+  """Gathers a DTensor's local blocks into one NumPy array of `local_shape`.
+
+  That is the whole array in one process, this process's part in several.
+  """
+  blocks = components(value)
+  if not any(dim is not None for dim in placement.spec):
+    return np.asarray(blocks[0].numpy())
+  out = np.empty(local_shape, dtype=dtype)
+  counts = placement.local_counts()
+  seen = set()
+  for (_, index), component in zip(placement.local_view, blocks):
+    if index in seen:
+      continue
+    seen.add(index)
+    out[block_slices(index, local_shape, counts)] = component.numpy()
+  return out
+
+
+def replicated(tensor, mesh):
+  """An eager tensor copied whole to every device of `mesh`, as a DTensor."""
+  with dtensor_device.entry:
+    return dtensor.copy_to_mesh(
+        tensor, dtensor.Layout.replicated(mesh, tensor.shape.rank))
+
+
+def relayout(value, placement):
+  """The DTensor `value` on `placement`, on the devices where it can be.
+
+  On the same mesh, or on a mesh of the same devices under other dimension
+  names or another shape, DTensor moves the blocks between the devices;
+  between meshes of other devices the array goes through the host.
+  """
+  with dtensor_device.entry:
+    layout = dtensor.fetch_layout(value)
+    if layout.mesh != placement.mesh:
+      renamed = renamed_layout(layout, placement.mesh)
+      if renamed is not None:
+        # A shard_map's mesh and a pmap's over the same devices: each device
+        # keeps its blocks.
+        value, layout = dtensor.pack(dtensor.unpack(value), renamed), renamed
+    if layout == placement.layout:
+      return value
+    if layout.mesh == placement.mesh:
+      return dtensor.relayout(value, placement.layout)
+    replicated = dtensor.Layout.replicated(layout.mesh, layout.rank)
+    whole_on_each = dtensor.relayout(value, replicated)
+  whole = components(whole_on_each)
+  if _same_devices(layout.mesh, placement.mesh):
+    # Another shape of mesh over the same devices (a 2 x 4 shard_map's and
+    # an 8-device pmap's): every device already holds the whole array.
+    by_device = dict(zip(layout.mesh.local_devices(), whole))
+    with dtensor_device.entry:
+      value = dtensor.pack(
+          [by_device[device] for device in placement.mesh.local_devices()],
+          dtensor.Layout.replicated(placement.mesh, layout.rank))
+      return dtensor.relayout(value, placement.layout)
+  return pack_global_array(whole[0].numpy(), placement)
+
+
+def _same_devices(mesh, other):
+  """Whether two DTensor meshes span the same devices, in any order."""
+  return (mesh.size == other.size and
+          sorted(mesh.local_devices()) == sorted(other.local_devices()))

@@ -1,0 +1,496 @@
+"""The result type of a pmap: one array whose blocks live on the devices."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from collections.abc import Sequence
+import dataclasses
+from typing import TypeAlias
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfspmd._src.core import multiprocess_hooks
+from tfspmd._src.runtime import array_ops
+from tfspmd._src.runtime import devices as devices_lib
+from tfspmd._src.runtime import dtensor_device
+from tfspmd._src.runtime import named_sharding
+from tfspmd._src.runtime import placement as placement_lib
+
+# What `tf.as_dtype` accepts: tf.float32, np.float32, np.dtype, 'float32'.
+DTypeLike: TypeAlias = tf.DType | np.dtype | type | str
+# The axes a reduction runs over: one, several, or None for all of them.
+Axes: TypeAlias = int | Sequence[int] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+  """One device's block of a `ShardedArray`.
+
+  Attributes:
+    device: The `Device` holding it.
+    index: NumPy index of the block within the array (within this process's
+      part, with several processes).
+    data: The block, a `tf.Tensor` on that device.
+
+  Example:
+    >>> import numpy as np, tfspmd
+    >>> out = tfspmd.pmap(lambda x: x + 1)(np.zeros((4, 2), np.float32))
+    >>> shard = out.addressable_shards[1]
+    >>> shard.device, shard.index, shard.data.shape
+    (Device(platform='cpu', id=1), (slice(1, 2, None), slice(None, None, None)), TensorShape([1, 2]))
+  """
+  device: devices_lib.Device
+  index: tuple[slice, ...]
+  data: tf.Tensor
+
+
+def _operator_pair(op):
+  """`(a op b, b op a)` methods of ShardedArray `a`, run on the devices."""
+  def forward(self, other):
+    return self._binary(op, other)  # pylint: disable=protected-access
+
+  def reflected(self, other):
+    return self._binary(op, other, reflected=True)  # pylint: disable=protected-access
+
+  return forward, reflected
+
+
+class ShardedArray:
+  """A pmap result: an array split over devices along its mapped axes.
+
+  It converts to NumPy (`np.asarray`, `.numpy()`) and to `tf.Tensor`
+  wherever TensorFlow asks for one, indexes per device (`out[5]` is device
+  5's row), and goes back into a pmap with no copy when it already lies the
+  way that pmap needs.
+
+  With several processes (`tfspmd.distributed`), it is this process's part,
+  as in JAX's pmap: its shape, NumPy value, indexing and
+  `addressable_shards` (indices within the part) cover only the blocks of
+  this process's devices; `dtensor_value` is the DTensor of the whole array.
+
+  Example:
+    >>> import numpy as np, tensorflow as tf, tfspmd
+    >>> out = tfspmd.pmap(lambda x: x * 2)(tf.range(8))
+    >>> out.shape, out.dtype
+    (TensorShape([8]), tf.int32)
+    >>> print(out)
+    [ 0  2  4  6  8 10 12 14]
+    >>> int(out[5])
+    10
+    >>> out.addressable_shards[5].device
+    Device(platform='cpu', id=5)
+    >>> float(tf.reduce_sum(tf.cast(out, tf.float32)))
+    56.0
+  """
+
+  __slots__ = ("_value", "_placement", "_shape", "_dtype", "_host",
+               "_whole_on_each_device", "__weakref__")
+
+  def __init__(self, value: tf.Tensor, placement: placement_lib.Placement,
+               shape: Sequence[int] | tf.TensorShape,
+               dtype: DTypeLike) -> None:
+    self._value = value
+    self._placement = placement
+    # A TensorShape is never changed in place: a pmap's results share the
+    # one its program made when traced.
+    self._shape = (shape if isinstance(shape, tf.TensorShape) else
+                   tf.TensorShape(shape))
+    self._dtype = tf.as_dtype(dtype)
+    self._host = None
+    self._whole_on_each_device = None
+
+  @property
+  def shape(self) -> tf.TensorShape:
+    """The shape of the array (of this process's part, with several)."""
+    return self._shape
+
+  @property
+  def dtype(self) -> tf.DType:
+    """The element type, a `tf.DType`."""
+    return self._dtype
+
+  @property
+  def ndim(self) -> int:
+    return self._shape.rank
+
+  @property
+  def size(self) -> int:
+    return self._shape.num_elements()
+
+  @property
+  def placement(self) -> placement_lib.Placement:
+    """How the array lies on its mesh (which axis is split over which dim)."""
+    return self._placement
+
+  @property
+  def layout(self) -> dtensor.Layout:
+    """The DTensor layout of `dtensor_value`."""
+    return self._placement.layout
+
+  @property
+  def sharding(self) -> named_sharding.NamedSharding:
+    """How the array lies on the devices, as a `tfspmd.sharding.NamedSharding`.
+
+    Its mesh is the DTensor mesh the array lies on, its axes named as that
+    mesh's dimensions: a shard_map's mesh has the `Mesh`'s axis names (so a
+    shard_map result's sharding names the mesh it ran on), a pmap's has one
+    axis per nested pmap, named 'axis_0', 'axis_1', ... from the outermost.
+    `tfspmd.device_put(y, x.sharding)` lays `y` out as `x`.
+
+    Example:
+      >>> import tensorflow as tf, tfspmd
+      >>> tfspmd.pmap(lambda x: x)(tf.zeros((2, 3))).sharding
+      NamedSharding(mesh=Mesh({'axis_0': 2}), spec=PartitionSpec('axis_0'))
+    """
+    return named_sharding.sharding_of(self._placement)
+
+  @property
+  def dtensor_value(self) -> tf.Tensor:
+    """The underlying DTensor, for use with TensorFlow's DTensor API."""
+    if self._value is None:
+      self._check_alive()
+    return self._live()
+
+  def devices(self) -> tuple[devices_lib.Device, ...]:
+    """The devices holding the array, in mesh order."""
+    return self._placement.devices
+
+  @property
+  def addressable_shards(self) -> list[Shard]:
+    """This process's blocks, one `Shard` per local device, in mesh order."""
+    self._check_alive()
+    counts = self._placement.local_counts()
+    shards = []
+    with multiprocess_hooks.peer_failures():
+      components = placement_lib.components(self._live())
+    for (device, index), data in zip(self._placement.local_view, components):
+      shards.append(Shard(device=device, index=placement_lib.block_slices(
+          index, self._shape.as_list(), counts), data=_on(device, data)))
+    return shards
+
+  def block_until_ready(self) -> ShardedArray:
+    """Waits until the computation producing the array has finished.
+
+    Unpacking the DTensor into its per-device tensors waits for each of
+    them; the eager executor's own wait does not cover a multi-device
+    function's results (DTensor's multi-device expansion, TF 2.21).
+    Other Python threads run meanwhile (`placement_lib.components`).
+    """
+    self._check_alive()
+    with multiprocess_hooks.peer_failures():
+      placement_lib.components(self._live())
+    return self
+
+  def is_deleted(self) -> bool:
+    """True once the array was donated to a pmapped function."""
+    return self._value is None
+
+  def delete(self) -> None:
+    """Frees the device buffers; any later use raises RuntimeError."""
+    self._value = None
+    self._host = None
+    self._whole_on_each_device = None
+
+  def _live(self):
+    """The DTensor, moved to DTensor's current device if a failure replaced it."""
+    self._value = dtensor_device.current(self._value)
+    return self._value
+
+  def _check_alive(self):
+    """Raises if the array was donated, or is used inside a trace."""
+    if self._value is None:
+      raise RuntimeError(
+          f"This ShardedArray (shape {self._shape.as_list()}, {self._dtype.name}) "
+          f"has been deleted: it was donated to a pmapped function through "
+          f"`donate_argnums`, which frees it. Keep the function's result "
+          f"instead, or do not donate an argument you use again.")
+    if not tf.executing_eagerly():
+      raise TypeError(
+          f"A ShardedArray (shape {self._shape.as_list()}, "
+          f"{self._dtype.name}) is used while a function is traced (a "
+          f"pmap's, a vmap's or a tf.function's), most likely captured by "
+          f"closure. It lives on the devices and enters a traced function "
+          f"only as an argument: pass it to the pmap (in_axes=None gives "
+          f"every device all of it, a mapped axis each device its block), or "
+          f"to your own tf.function as `x.dtensor_value`.")
+
+  def numpy(self) -> np.ndarray:
+    """The array as a NumPy array (this process's part, with several)."""
+    self._check_alive()
+    if self._host is None:
+      with multiprocess_hooks.peer_failures():
+        self._host = placement_lib.assemble(
+            self._live(), self._placement, self._shape.as_list(),
+            self._dtype.as_numpy_dtype)
+      self._host.flags.writeable = False
+    return self._host
+
+  def __array__(self, dtype=None, copy=None):
+    array = self.numpy()
+    if dtype is not None and np.dtype(dtype) != array.dtype:
+      return array.astype(dtype)
+    if copy:
+      return array.copy()
+    return array
+
+  def __tf_tensor__(self, dtype=None, name=None):
+    return tf.convert_to_tensor(self.numpy(), dtype=dtype, name=name)
+
+  def __tf_tracing_type__(self, context):
+    """A tf.function given a ShardedArray gets it whole on every device.
+
+    The function runs on the devices, with no trip through the host, and
+    what it returns is readable (`.numpy()`), as DTensor reads only
+    DTensors that are whole on each device. To keep the array split inside
+    the function (a loop of pmap calls), pass `dtensor_value` instead.
+    """
+    del context  # unused
+    self._check_alive()
+    return _ShardedArraySpec(self._value.shape, self._dtype)
+
+  def _whole_on_devices(self):
+    """The DTensor of the array whole on each device of its mesh, made once."""
+    self._check_alive()
+    if self._whole_on_each_device is None:
+      value = self._live()
+      with dtensor_device.entry:
+        self._whole_on_each_device = dtensor.relayout(
+            value, dtensor.Layout.replicated(self._placement.mesh,
+                                             value.shape.rank))
+    self._whole_on_each_device = dtensor_device.current(
+        self._whole_on_each_device)
+    return self._whole_on_each_device
+
+  def __copy__(self):
+    """A copy on the same devices, split the same way."""
+    self._check_alive()
+    return array_ops.unary(tf.identity, self)
+
+  def __deepcopy__(self, memo):
+    return self.__copy__()
+
+  def __reduce__(self):
+    # A pickle holds the values, not the devices: it loads as a NumPy array.
+    return (np.array, (self.numpy(),))
+
+  # --- arithmetic on the devices (array_ops.py) --------------------------
+
+  def _binary(self, op, other, reflected=False):
+    self._check_alive()
+    if not array_ops.accepts(other, self):
+      return NotImplemented
+    left, right = (other, self) if reflected else (self, other)
+    return array_ops.binary(op, left, right, self)
+
+  __add__, __radd__ = _operator_pair(tf.add)
+  __sub__, __rsub__ = _operator_pair(tf.subtract)
+  __mul__, __rmul__ = _operator_pair(tf.multiply)
+  __truediv__, __rtruediv__ = _operator_pair(tf.math.truediv)
+  __floordiv__, __rfloordiv__ = _operator_pair(tf.math.floordiv)
+  __mod__, __rmod__ = _operator_pair(tf.math.floormod)
+  __pow__, __rpow__ = _operator_pair(tf.pow)
+  __matmul__, __rmatmul__ = _operator_pair(array_ops.matmul)
+  # Python reflects comparisons itself (a < b is b > a).
+  __eq__ = _operator_pair(tf.equal)[0]
+  __ne__ = _operator_pair(tf.not_equal)[0]
+  __lt__ = _operator_pair(tf.less)[0]
+  __le__ = _operator_pair(tf.less_equal)[0]
+  __gt__ = _operator_pair(tf.greater)[0]
+  __ge__ = _operator_pair(tf.greater_equal)[0]
+
+  __hash__ = None  # elementwise ==, as NumPy and JAX arrays
+  # `ndarray + out` defers to `out.__radd__` (on the devices) instead of
+  # converting `out` to NumPy; ufuncs such as np.exp still convert it.
+  __array_priority__ = 100
+
+  def __neg__(self):
+    self._check_alive()
+    return array_ops.unary(tf.negative, self)
+
+  def __pos__(self):
+    self._check_alive()
+    return self
+
+  def __abs__(self):
+    self._check_alive()
+    return array_ops.unary(tf.abs, self)
+
+  def astype(self, dtype: DTypeLike) -> ShardedArray:
+    """The array cast to `dtype`, on the devices."""
+    self._check_alive()
+    return array_ops.unary(lambda v: tf.cast(v, dtype), self)
+
+  @property
+  def T(self) -> ShardedArray:  # pylint: disable=invalid-name
+    """The array with its axes reversed, on the devices."""
+    self._check_alive()
+    return array_ops.unary(tf.transpose, self)
+
+  def reshape(self, *shape: int | Sequence[int]) -> ShardedArray:
+    """The array with the axes after its mapped ones reshaped, on the devices.
+
+    Each device keeps its own block: the axes up to the last one split over
+    devices keep their sizes, and those after it take new ones (one may be
+    -1), as `numpy.reshape` of each block would.
+
+    Args:
+      *shape: The new shape, as ints or one tuple of ints.
+
+    Returns:
+      The reshaped `ShardedArray`, split as this one.
+
+    Raises:
+      ValueError: If `shape` changes a mapped axis or an axis before one, or
+        does not hold as many elements.
+
+    Example:
+      >>> import numpy as np, tfspmd
+      >>> out = tfspmd.pmap(lambda x: x * 2)(np.arange(16.).reshape(8, 2))
+      >>> out.reshape(8, 2, 1).shape
+      TensorShape([8, 2, 1])
+    """
+    self._check_alive()
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+      shape = tuple(shape[0])
+    split_axes = [a for a, dim in enumerate(self._placement.spec)
+                  if dim is not None]
+    kept = split_axes[-1] + 1 if split_axes else 0
+    current = self._shape.as_list()
+    if (len(shape) < kept or
+        any(isinstance(n, bool) or not isinstance(n, (int, np.integer))
+            for n in shape) or list(shape[:kept]) != current[:kept]):
+      raise ValueError(
+          f"ShardedArray.reshape: an array of shape {tuple(current)} split "
+          f"over devices along axes {split_axes} keeps its first {kept} axes "
+          f"{tuple(current[:kept])}, so the new shape must be ints that start "
+          f"with them; got {tuple(shape)}. To reshape across devices, fetch "
+          f"it first: np.asarray(x).reshape(...).")
+    global_shape = self._value.shape.as_list()
+    try:
+      return array_ops.unary(
+          lambda v: tf.reshape(v, global_shape[:kept] + list(shape[kept:])),
+          self)
+    except (tf.errors.InvalidArgumentError, ValueError):
+      raise ValueError(
+          f"ShardedArray.reshape to {tuple(shape)}: cannot reshape the axes "
+          f"{tuple(current[kept:])} after the mapped ones to "
+          f"{tuple(shape[kept:])}; they must hold as many elements."
+      ) from None
+
+  def sum(self, axis: Axes = None, dtype: DTypeLike | None = None,
+          out: None = None, keepdims: bool = False) -> ShardedArray:
+    """The sum over `axis` (all axes by default), on the devices."""
+    return self._reduce(tf.reduce_sum, axis, dtype, out, keepdims)
+
+  def mean(self, axis: Axes = None, dtype: DTypeLike | None = None,
+           out: None = None, keepdims: bool = False) -> ShardedArray:
+    """The mean over `axis` (all axes by default), on the devices.
+
+    Integers give float64, as NumPy's mean (TensorFlow's would truncate).
+    """
+    if dtype is None and not (self._dtype.is_floating or
+                              self._dtype.is_complex):
+      dtype = tf.float64
+    return self._reduce(tf.reduce_mean, axis, dtype, out, keepdims)
+
+  def max(self, axis: Axes = None, out: None = None,
+          keepdims: bool = False) -> ShardedArray:
+    return self._reduce(tf.reduce_max, axis, None, out, keepdims)
+
+  def min(self, axis: Axes = None, out: None = None,
+          keepdims: bool = False) -> ShardedArray:
+    return self._reduce(tf.reduce_min, axis, None, out, keepdims)
+
+  def _reduce(self, reduce, axis, dtype, out, keepdims):
+    """`reduce` on the devices; `dtype` and `out` as NumPy's reductions."""
+    self._check_alive()
+    if out is not None:
+      raise TypeError("ShardedArray reductions do not take `out=`; use the "
+                      "result they return.")
+    value = self if dtype is None else self.astype(dtype)
+    return array_ops.unary(
+        lambda v: reduce(v, axis=axis, keepdims=keepdims), value)
+
+  def __len__(self):
+    if self._shape.rank == 0:
+      raise TypeError("len() of an unsized (0-d) ShardedArray")
+    return self._shape[0]
+
+  def __iter__(self) -> Iterator[tf.Tensor]:
+    for i in range(len(self)):
+      yield self[i]
+
+  def __getitem__(self, key):
+    """`out[i]` is the block of device i along a mapped leading axis."""
+    self._check_alive()
+    spec = self._placement.spec
+    if (isinstance(key, int) and not isinstance(key, bool) and spec and
+        spec[0] is not None and sum(dim is not None for dim in spec) == 1 and
+        self._placement.local_counts()[0] == self._shape[0]):
+      size = self._shape[0]
+      if not -size <= key < size:
+        raise IndexError(
+            f"index {key} is out of bounds for axis 0 with size {size}")
+      key %= size
+      with multiprocess_hooks.peer_failures():
+        components = placement_lib.components(self._live())
+      for (device, index), data in zip(self._placement.local_view,
+                                       components):
+        if index[0] == key:
+          with tf.device(device.name):
+            return tf.squeeze(data, axis=0)
+    return tf.convert_to_tensor(self.numpy()[key])
+
+  def __int__(self):
+    return int(self.numpy())
+
+  def __float__(self):
+    return float(self.numpy())
+
+  def __bool__(self):
+    return bool(self.numpy())
+
+  def __str__(self):
+    return str(self.numpy())
+
+  def __repr__(self):
+    """Values and dtype as jax prints an array, then how it lies on devices."""
+    if self._value is None:
+      return f"ShardedArray(<deleted>, shape={self._shape.as_list()})"
+    body = np.array2string(self.numpy(), separator=", ", prefix="ShardedArray(")
+    return (f"ShardedArray({body}, dtype={self._dtype.name}, "
+            f"{self._placement_words()})")
+
+  def _placement_words(self):
+    """'axis 0 over 8 devices', or 'replicated on 8 devices'."""
+    dims, sizes, _ = self._placement.mesh_key
+    size_of = dict(zip(dims, sizes))
+    splits = [f"axis {axis} over {size_of[dim]} devices"
+              for axis, dim in enumerate(self._placement.spec)
+              if dim is not None]
+    if not splits:
+      return f"replicated on {len(self._placement.devices)} devices"
+    return ", ".join(splits)
+
+
+class _ShardedArraySpec(tf.TensorSpec):
+  """The trace type of a ShardedArray: a tensor of its global shape."""
+
+  def cast(self, value, casting_context):
+    if isinstance(value, ShardedArray):
+      value = value._whole_on_devices()  # pylint: disable=protected-access
+    return super().cast(value, casting_context)
+
+
+def _on(device, data):
+  """`data` as a tensor of `device`.
+
+  DTensor's multi-device expansion unpacks its outputs as tensors of the
+  host's first CPU device, whichever device computed them (TF 2.21).
+  """
+  if data.device == device.name:
+    return data
+  with tf.device(device.name):
+    return tf.identity(data)

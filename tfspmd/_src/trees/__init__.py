@@ -1,0 +1,3 @@
+"""The trees layer: pytrees, on optree. Flattening, rebuilding, key paths and
+custom nodes.
+"""
