@@ -2359,9 +2359,10 @@ def message(error):
   files' unique names as `<32 hex digits>`.
   """
   text = str(error)
-  text = re.sub(r"0x[0-9a-f]+", "0x...", text)
+  # Paths first: a temporary directory's random name may hold "0x5".
   text = re.sub(re.escape(os.path.join(tempfile.gettempdir(), "tmp")) +
                 r"[\w-]+", "/tmp/run", text)
+  text = re.sub(r"0x[0-9a-f]+", "0x...", text)
   text = re.sub(r"\.tfspmd-[0-9a-f]{32}", ".tfspmd-<32 hex digits>", text)
   return re.sub(r"\S*(tests/test_errors\.py):\d+", r"\1:LINE", text)
 
