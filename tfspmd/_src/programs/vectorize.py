@@ -15,6 +15,7 @@ from tfspmd._src.arguments import out_axes as out_axes_lib
 from tfspmd._src.core import stacking
 from tfspmd._src.core import tf_internal
 from tfspmd._src.rewrites import control_flow
+from tfspmd._src.rewrites import converters
 from tfspmd._src.rewrites import dtensor_rewrites
 from tfspmd._src.rewrites import side_effects
 from tfspmd._src.rewrites import variable_writes
@@ -103,7 +104,7 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
         raise _python_control_flow_error(e, axis_name) from None
       # pfor's own converters for these give what DTensor cannot expand.
       new_ops = graph.get_operations()[first_op:]
-      control_flow.mark(new_ops)
+      converters.give_converters(new_ops)
       # pfor drops a write nothing reads: find it before it goes unseen.
       write = control_flow.find_operation(
           new_ops, lambda op: variable_writes.writes_variable(op.type))

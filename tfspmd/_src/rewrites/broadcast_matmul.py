@@ -27,15 +27,9 @@ from tfspmd._src.core import tf_internal
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
 
-def mark(operations):
-  """Gives each BatchMatMulV2 among `operations` this converter."""
-  for operation in operations:
-    if operation.type == "BatchMatMulV2":
-      tf_internal.set_pfor_converter(operation, _convert)
-
-
 @_do_not_convert
-def _convert(op_inputs):
+def convert(op_inputs):
+  """The converter of BatchMatMulV2 (`converters`)."""
   left, right = op_inputs.broadcast_inputs()
   adjoint = (op_inputs.get_attr("adj_x"), op_inputs.get_attr("adj_y"))
   return [tf_internal.wrap_converted(matmul(left, right, *adjoint), True)]

@@ -36,13 +36,7 @@ import tensorflow as tf
 from tfspmd._src.core import stacking
 from tfspmd._src.core import static_values
 from tfspmd._src.core import tf_internal
-from tfspmd._src.rewrites import broadcast_matmul
-from tfspmd._src.rewrites import conv_gradients
 from tfspmd._src.rewrites import dtensor_rewrites
-from tfspmd._src.rewrites import dynamic_slices
-from tfspmd._src.rewrites import new_axis
-from tfspmd._src.rewrites import per_position
-from tfspmd._src.rewrites import random_ops
 from tfspmd._src.rewrites import shape_folding
 from tfspmd._src.rewrites import side_effects
 from tfspmd._src.rewrites import tensor_lists
@@ -58,27 +52,8 @@ _CALL = ("PartitionedCall", "StatefulPartitionedCall")
 COLLECTIVE_ATTRIBUTE = "_tfspmd_collective"
 
 
-def mark(operations):
-  """Gives `operations`, and the ops of the functions they call, our converters."""
-  broadcast_matmul.mark(operations)
-  conv_gradients.mark(operations)
-  dynamic_slices.mark(operations)
-  new_axis.mark_slices(operations)
-  random_ops.mark(operations)
-  dtensor_rewrites.mark(operations)
-  side_effects.mark(operations)
-  for operation in operations:
-    converter = _CONVERTERS.get(operation.type)
-    if converter is None:
-      if not hasattr(operation, "pfor_converter"):
-        per_position.give_fallback(operation)
-      continue
-    tf_internal.set_pfor_converter(operation, converter)
-    for graph in _called_graphs(operation):
-      mark(graph.get_operations())
-
-
-def _called_graphs(operation):
+def called_graphs(operation):
+  """The function graphs the control-flow `operation` calls."""
   kind = operation.type
   if kind in _WHILE:
     return [tf_internal.function_graph(operation, "cond"),
@@ -98,8 +73,8 @@ def find_operation(operations, predicate):
   for operation in operations:
     if predicate(operation):
       return operation
-    if operation.type in _CONVERTERS:
-      for graph in _called_graphs(operation):
+    if operation.type in CONVERTERS:
+      for graph in called_graphs(operation):
         found = find_operation(graph.get_operations(), predicate)
         if found is not None:
           return found
@@ -118,9 +93,9 @@ def effect_operations(operations, axis_name):
       continue
     if side_effects.is_effect(operation):
       found.append(operation)
-    elif operation.type in _CONVERTERS and any(
+    elif operation.type in CONVERTERS and any(
         effect_operations(graph.get_operations(), axis_name)
-        for graph in _called_graphs(operation)):
+        for graph in called_graphs(operation)):
       if operation.type in _WHILE:
         raise side_effects.while_loop_error("tf.while_loop", axis_name)
       found.append(operation)
@@ -465,12 +440,12 @@ def _shape_invariants(operation, stacked, size, init):
   return invariants
 
 
-_CONVERTERS = {}
+CONVERTERS = {}
 for _kind in _WHILE:
-  _CONVERTERS[_kind] = _convert_while
+  CONVERTERS[_kind] = _convert_while
 for _kind in _IF:
-  _CONVERTERS[_kind] = _convert_if
+  CONVERTERS[_kind] = _convert_if
 for _kind in _CASE:
-  _CONVERTERS[_kind] = _convert_case
+  CONVERTERS[_kind] = _convert_case
 for _kind in _CALL:
-  _CONVERTERS[_kind] = _convert_call
+  CONVERTERS[_kind] = _convert_call

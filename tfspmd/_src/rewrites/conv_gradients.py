@@ -16,15 +16,13 @@ from tfspmd._src.core import stacking
 from tfspmd._src.core import tf_internal
 
 
-def mark(operations):
-  """Gives each NHWC Conv2DBackpropFilter among `operations` this converter."""
-  for operation in operations:
-    if (operation.type == "Conv2DBackpropFilter" and
-        operation.get_attr("data_format") == b"NHWC"):
-      tf_internal.set_pfor_converter(operation, _convert)
+def applies(operation):
+  """Whether the Conv2DBackpropFilter `operation` takes this route: NHWC."""
+  return operation.get_attr("data_format") == b"NHWC"
 
 
-def _convert(op_inputs):
+def convert(op_inputs):
+  """The converter of an NHWC Conv2DBackpropFilter (`converters`)."""
   inputs, inputs_stacked = op_inputs.input(0)
   out_backprop, backprop_stacked = op_inputs.input(2)
   # With a filter that differs between devices the converted sizes are

@@ -36,15 +36,9 @@ from tfspmd._src.core import tf_internal
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
 
-def mark(operations):
-  """Gives the rewritten ops among `operations` their converters."""
-  for operation in operations:
-    converter = _CONVERTERS.get(operation.type)
-    if operation.type == "Einsum" and (
-        b"..." not in operation.get_attr("equation")):
-      converter = None
-    if converter is not None:
-      tf_internal.set_pfor_converter(operation, converter)
+def einsum_applies(operation):
+  """Whether an Einsum takes this module's route: one with broadcast `...`."""
+  return b"..." in operation.get_attr("equation")
 
 
 _rewriting = threading.local()
@@ -390,7 +384,7 @@ def _convert_select(op_inputs):
                                      True)]
 
 
-_CONVERTERS = {
+CONVERTERS = {
     "ArgMin": _convert_argmin,
     "L2Loss": _convert_l2_loss,
     "ResizeArea": _convert_batch_folded,

@@ -17,23 +17,14 @@ from tfspmd._src.rewrites import per_position
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
 
-def mark(operations):
-  """Gives the slices among `operations` the converter for per-device offsets."""
-  for operation in operations:
-    if operation.type == "Slice":
-      tf_internal.set_pfor_converter(operation, _convert_slice)
-    elif (operation.type == "StridedSlice" and
-          not operation.get_attr("new_axis_mask")):
-      tf_internal.set_pfor_converter(operation, _convert_strided_slice)
-
-
 def _offsets_stacked(op_inputs):
   return any(op_inputs.input(k).stacked
              for k in range(1, op_inputs.num_inputs))
 
 
 @_do_not_convert
-def _convert_slice(op_inputs):
+def convert_slice(op_inputs):
+  """The converter of Slice (`converters`)."""
   operation = op_inputs.op
   sizes = operation.outputs[0].shape
   if not _offsets_stacked(op_inputs) or op_inputs.input(2).stacked:
@@ -50,8 +41,14 @@ def _convert_slice(op_inputs):
       slice_rows(value, begin, sizes.as_list()), True)]
 
 
+def strided_slice_applies(operation):
+  """Whether the StridedSlice `operation` takes this route: no new axes."""
+  return not operation.get_attr("new_axis_mask")
+
+
 @_do_not_convert
-def _convert_strided_slice(op_inputs):
+def convert_strided_slice(op_inputs):
+  """The converter of a StridedSlice without new axes (`converters`)."""
   operation = op_inputs.op
   if not _offsets_stacked(op_inputs) or op_inputs.input(3).stacked:
     return per_position.default_or_per_position(op_inputs)

@@ -26,17 +26,13 @@ _LIBRARY_DIRS = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
 
-def mark_slices(operations):
-  """Gives our converters to the slices with new axes and their gradients."""
-  for op in operations:
-    if op.type == "StridedSlice" and op.get_attr("new_axis_mask"):
-      tf_internal.set_pfor_converter(op, _convert)
-    if op.type == "StridedSliceGrad" and op.get_attr("new_axis_mask"):
-      tf_internal.set_pfor_converter(op, _convert_gradient)
+def applies(operation):
+  """Whether a StridedSlice or its gradient takes this route: new axes."""
+  return bool(operation.get_attr("new_axis_mask"))
 
 
 @_do_not_convert
-def _convert(op_inputs):
+def convert(op_inputs):
   """pfor's StridedSlice conversion, with the new axes made by a reshape."""
   op = op_inputs.op
   out_shape = op.outputs[0].shape
@@ -69,7 +65,7 @@ def _convert(op_inputs):
 
 
 @_do_not_convert
-def _convert_gradient(op_inputs):
+def convert_gradient(op_inputs):
   """pfor's StridedSliceGrad conversion, of the slice without its new axes.
 
   The gradient of a slice with new axes reads the same slice spec in

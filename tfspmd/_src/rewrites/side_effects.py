@@ -132,11 +132,6 @@ def is_ignored(operation):
   return getattr(operation, _IGNORED_ATTRIBUTE, False)
 
 
-def mark(operations):
-  """Gives the effect ops among `operations` the converter that records them."""
-  for operation in operations:
-    if operation.type in EFFECT_TYPES and not is_ignored(operation):
-      tf_internal.set_pfor_converter(operation, _convert_effect)
 
 
 def prepare(conversion, operations):
@@ -164,7 +159,7 @@ def anchor(effect_operations, index):
 
 
 @_do_not_convert
-def _convert_effect(op_inputs):
+def convert_effect(op_inputs):
   operation = op_inputs.op
   size = op_inputs.loop_size
   format_operation = None
