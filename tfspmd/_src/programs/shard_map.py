@@ -150,12 +150,12 @@ def _expand_input(value, spec, mesh, path):
 
 
 def _merges_axes(spec, rank):
-  """Whether `spec` splits a dimension of a rank-`rank` value over several axes."""
+  """Whether `spec` splits one of `rank` dimensions over several axes."""
   return any(len(spec.axes_of(dimension)) > 1 for dimension in range(rank))
 
 
 def _merged_placement(spec, mesh, shape, path):
-  """Where a value of `shape` lies as `spec` says, on its merged DTensor mesh."""
+  """Where a value of `shape` lies as `spec` says, on its merged mesh."""
   return named_sharding.placement_of(named_sharding.NamedSharding(mesh, spec),
                                      tuple(shape), path)
 
@@ -212,8 +212,11 @@ def _join_output(value, spec, mesh):
     return tf.reshape(value, merged)
   if _merges_axes(spec, rank):
     # Each device's block of the expanded result is its block of the
-    # global array: it moves onto the merged mesh where it is.
-    expanded = _expanded_placement(spec, mesh, rank)
+    # global array: it moves onto the merged mesh where it is. A pmap
+    # inside `f` adds mesh dimensions of its own, along which the relayout
+    # leaves each block whole.
+    expanded = placement_lib.Placement(
+        value.placement.mesh_key, _expanded_placement(spec, mesh, rank).spec)
     if dtensor.fetch_layout(global_value) != expanded.layout:
       global_value = dtensor.relayout(global_value, expanded.layout)
     target = _merged_placement(spec, mesh, merged, "output")
@@ -419,11 +422,18 @@ def shard_map(
     the mesh's axis names), laid out as `out_specs` say:
     `P('data', None)` gives `dtensor.Layout(['data', dtensor.UNSHARDED],
     mesh.dtensor_mesh)`. A dimension split over several axes
-    (`P(('data', 'model'))`) has the right values, but a DTensor layout
-    splits a dimension over one mesh dimension, so its layout splits it over
-    the first (`'data'`) only: each device holds the block of its `'data'`
-    position, the blocks of every `'model'` position in it. DTensor inputs
-    on `mesh.dtensor_mesh` laid out as `in_specs` say are used as they are.
+    (`P(('data', 'model'))`) is split over all of them, the first major, as
+    in JAX: the device at `('data', 'model')` position (d, m) holds block
+    `4 * d + m`, and the result's `sharding` is `NamedSharding(mesh,
+    P(('data', 'model')))`. A DTensor layout splits a dimension over one
+    mesh dimension, so such a result's `dtensor_value` lies on a DTensor
+    mesh of the same devices whose one dimension, named 'data.model',
+    merges the two (each device's block is moved there where it is); it
+    goes back into a shard_map with the same in spec as it is. Inside a
+    user's `tf.function`, where no value can change meshes, such a
+    dimension lies split over the first axis only, on `mesh.dtensor_mesh`.
+    DTensor inputs on `mesh.dtensor_mesh` laid out as `in_specs` say are
+    used as they are.
     While a GradientTape records, it returns `tf.Tensor`s the tape follows;
     as in JAX, the gradient of an input the same along a mesh axis is the
     sum of its devices' gradients over that axis, and an output the same
