@@ -291,6 +291,14 @@ def shard_map_processes():
   attempt("grid/result_shape", lambda: tfspmd.shard_map(
       lambda b: b, mesh=grid, in_specs=P("p", "d"),
       out_specs=P("p", "d"))(rows).shape.as_list())
+  # Rows split over both axes: each device's block of 2 rows, in the part.
+  double = tfspmd.shard_map(lambda b: b * 2, mesh=grid,
+                            in_specs=P(("p", "d")), out_specs=P(("p", "d")))
+  attempt("grid/merged_spec", lambda: repr(double(rows).sharding.spec))
+  attempt("grid/merged_blocks", lambda: [
+      [shard.device.id, shard.index[0].start, shard.data.numpy()[0, 0]]
+      for shard in double(rows).addressable_shards])
+  attempt("grid/merged_round_trip", lambda: double(double(rows)))
 
   # One axis over the 8 devices: the part is half the rows.
   line = tfspmd.make_mesh((8,), ("x",))

@@ -168,11 +168,19 @@ def test_device_put_may_alias_false_copies():
   np.testing.assert_array_equal(copied, np.arange(8.))
 
 
-def test_a_dimension_over_two_axes_is_split_over_the_first():
+@pytest.mark.parametrize("spec", [P(("x", "y")), P(("y", "x"))], ids=str)
+def test_a_dimension_over_two_axes_is_split_over_both(spec):
   mesh = tfspmd.make_mesh((4, 2), ("x", "y"))
-  out = tfspmd.device_put(np.arange(8.), NamedSharding(mesh, P(("x", "y"))))
-  assert out.sharding == NamedSharding(mesh, P("x"))
+  out = tfspmd.device_put(np.arange(8.), NamedSharding(mesh, spec))
+  assert out.sharding == NamedSharding(mesh, spec)
   np.testing.assert_array_equal(out, np.arange(8.))
+  # Block k of one element, k counted major-to-minor over the spec's axes.
+  for (i, j), device in np.ndenumerate(mesh.devices):
+    (shard,) = [s for s in out.addressable_shards if s.device == device]
+    k = 2 * i + j if spec == P(("x", "y")) else 4 * j + i
+    assert shard.index == (slice(k, k + 1),)
+    np.testing.assert_array_equal(shard.data, [float(k)])
+  assert tfspmd.device_put(out, NamedSharding(mesh, spec)) is out
 
 
 # --- device_put_sharded / device_put_replicated -----------------------------

@@ -642,6 +642,19 @@ def test_a_shard_map_result_goes_back_in_as_the_global_array(
     np.testing.assert_allclose(report["grid/round_trip"], 2 * (x[:8] + x[8:]))
 
 
+def test_a_dimension_split_over_both_axes_gives_each_process_its_rows(
+    shard_map_reports):
+  x = np.arange(128.0).reshape(16, 8)
+  for k, report in enumerate(shard_map_reports):
+    assert report["grid/merged_spec"] == "PartitionSpec(('p', 'd'))"
+    # The device at (p, d) = (k, j), id 4 k + j, holds global block 4 k + j
+    # of 2 rows: rows 2 j, 2 j + 1 of the process's part.
+    assert report["grid/merged_blocks"] == [
+        [4 * k + j, 2 * j, 2 * x[8 * k + 2 * j, 0]] for j in range(4)]
+    np.testing.assert_allclose(report["grid/merged_round_trip"],
+                               4 * x[8 * k:8 * k + 8])
+
+
 def test_replicated_shard_map_inputs_that_differ_stay_each_process_own(
     shard_map_reports):
   for k, report in enumerate(shard_map_reports):

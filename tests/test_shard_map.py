@@ -366,20 +366,26 @@ def test_check_vma_false_keeps_an_output_that_is_the_same_along_the_axis(mesh):
   np.testing.assert_allclose(out, x.reshape(8, 4, 1).sum(1), rtol=1e-5)
 
 
-def test_a_dimension_split_over_two_axes_lies_split_over_the_first(mesh):
+def test_a_dimension_split_over_two_axes_lies_split_over_both(mesh):
   x = data(16, 3)
   out = tfspmd.shard_map(lambda b: b + 1, mesh=mesh,
                          in_specs=P(("data", "model")),
                          out_specs=P(("data", "model")))(x)
   np.testing.assert_allclose(out, x + 1, rtol=1e-6)
-  # One DTensor layout splits a dimension over one mesh dimension: each
-  # device holds the block of its 'data' position, every block of 'model'.
-  assert dtensor.fetch_layout(out.dtensor_value) == dtensor.Layout(
-      ["data", dtensor.UNSHARDED], mesh.dtensor_mesh)
-  pieces = dtensor.unpack(out.dtensor_value)
-  for k in range(8):
-    d = k // 4
-    np.testing.assert_allclose(pieces[k], x[8 * d:8 * d + 8] + 1, rtol=1e-6)
+  assert out.sharding == tfspmd.sharding.NamedSharding(
+      mesh, P(("data", "model")))
+  # As in JAX, the device at (d, m) holds block 4 d + m of 2 rows; the
+  # DTensor lies on a mesh of the same devices whose one dimension merges
+  # 'data' and 'model'.
+  assert dtensor.fetch_layout(out.dtensor_value).sharding_specs == [
+      "data.model", dtensor.UNSHARDED]
+  shards = out.addressable_shards
+  assert [shard.device for shard in shards] == list(mesh.devices.flat)
+  for (d, m), device in np.ndenumerate(mesh.devices):
+    (shard,) = [s for s in shards if s.device == device]
+    rows = slice(2 * (4 * d + m), 2 * (4 * d + m) + 2)
+    assert shard.index == (rows, slice(None))
+    np.testing.assert_allclose(shard.data, x[rows] + 1, rtol=1e-6)
 
 
 def test_python_numbers_take_tensorflow_dtypes_and_inputs_may_be_results(mesh):

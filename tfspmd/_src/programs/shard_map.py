@@ -46,6 +46,8 @@ from tfspmd._src.runtime import axis_env
 from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import mesh_context
 from tfspmd._src.runtime import named_mesh
+from tfspmd._src.runtime import named_sharding
+from tfspmd._src.runtime import placement as placement_lib
 from tfspmd._src.runtime import shard_map_processes
 from tfspmd._src.runtime.named_mesh import Mesh
 from tfspmd._src.runtime.named_mesh import PartitionSpec
@@ -137,7 +139,39 @@ def _expand_input(value, spec, mesh, path):
   shape = _expanded_shape(tuple(value.shape), spec, mesh, path)
   if isinstance(value, np.ndarray):
     return value.reshape(shape)
+  if _merges_axes(spec, rank) and dtensor.is_dtensor(value):
+    merged = _merged_placement(spec, mesh, value.shape, path)
+    if dtensor.fetch_layout(value) == merged.layout:
+      # Laid out as the spec says (an earlier result): every device holds
+      # its block already.
+      expanded = _expanded_placement(spec, mesh, rank)
+      return placement_lib.moved_blocks(value, merged, expanded, shape)
   return tf.reshape(value, shape)
+
+
+def _merges_axes(spec, rank):
+  """Whether `spec` splits one of `rank` dimensions over several axes."""
+  return any(len(spec.axes_of(dimension)) > 1 for dimension in range(rank))
+
+
+def _merged_placement(spec, mesh, shape, path):
+  """Where a value of `shape` lies as `spec` says, on its merged mesh."""
+  return named_sharding.placement_of(named_sharding.NamedSharding(mesh, spec),
+                                     tuple(shape), path)
+
+
+def _expanded_placement(spec, mesh, rank):
+  """Where a value of rank `rank` lies in its expanded form on `mesh`.
+
+  Each mesh axis `spec` names is an axis of its own, split over its mesh
+  dimension, just before the block it splits.
+  """
+  dim_of = dict(zip(mesh.axis_names, mesh.dim_names))
+  split = []
+  for dimension in range(rank):
+    axes = spec.axes_of(dimension)
+    split += [dim_of[name] for name in axes] + [None]
+  return placement_lib.Placement(mesh.mesh_key, tuple(split))
 
 
 def _is_host_part(value):
@@ -154,11 +188,12 @@ def _is_host_part(value):
 def _join_output(value, spec, mesh):
   """The global array of the expanded result `value`.
 
-  A ShardedArray gives a ShardedArray split as `spec` says (over the first
-  mesh axis it names for a dimension: a DTensor layout splits a dimension
-  over one mesh dimension); a tensor (what pmap returns inside a user's
-  tf.function while a GradientTape records) gives a tensor, which the tape
-  can follow.
+  A ShardedArray gives a ShardedArray split as `spec` says; a tensor (what
+  pmap returns inside a user's tf.function while a GradientTape records)
+  gives a tensor, which the tape can follow. A dimension split over
+  several mesh axes lies on a DTensor mesh of the same devices whose one
+  dimension merges them (`named_sharding.merged_mesh_key`): a DTensor
+  layout splits a dimension over one mesh dimension.
   """
   dim_of = dict(zip(mesh.axis_names, mesh.dim_names))
   # The global shape: a ShardedArray's own is this process's part's.
@@ -166,14 +201,29 @@ def _join_output(value, spec, mesh):
                   else value)
   shape = global_value.shape.as_list()
   named = sum(len(spec.axes_of(d)) for d in range(len(spec)))
+  rank = len(shape) - named
   merged, split, position = [], [], 0
-  for dimension in range(len(shape) - named):
+  for dimension in range(rank):
     axes = spec.axes_of(dimension)
     merged.append(math.prod(shape[position:position + len(axes) + 1]))
     split.append(dim_of[axes[0]] if axes else dtensor.UNSHARDED)
     position += len(axes) + 1
   if not isinstance(value, ShardedArray):
     return tf.reshape(value, merged)
+  if _merges_axes(spec, rank):
+    # Each device's block of the expanded result is its block of the
+    # global array: it moves onto the merged mesh where it is. A pmap
+    # inside `f` adds mesh dimensions of its own, along which the relayout
+    # leaves each block whole.
+    expanded = placement_lib.Placement(
+        value.placement.mesh_key, _expanded_placement(spec, mesh, rank).spec)
+    if dtensor.fetch_layout(global_value) != expanded.layout:
+      global_value = dtensor.relayout(global_value, expanded.layout)
+    target = _merged_placement(spec, mesh, merged, "output")
+    joined = placement_lib.moved_blocks(global_value, expanded, target,
+                                        merged)
+    return ShardedArray(joined, target, target.local_shape(merged),
+                        joined.dtype)
   joined = tf.reshape(global_value, merged)
   # DTensor's reshape leaves a dimension split over an inner mesh axis
   # replicated; going back to the split is a local slice.
@@ -372,11 +422,18 @@ def shard_map(
     the mesh's axis names), laid out as `out_specs` say:
     `P('data', None)` gives `dtensor.Layout(['data', dtensor.UNSHARDED],
     mesh.dtensor_mesh)`. A dimension split over several axes
-    (`P(('data', 'model'))`) has the right values, but a DTensor layout
-    splits a dimension over one mesh dimension, so its layout splits it over
-    the first (`'data'`) only: each device holds the block of its `'data'`
-    position, the blocks of every `'model'` position in it. DTensor inputs
-    on `mesh.dtensor_mesh` laid out as `in_specs` say are used as they are.
+    (`P(('data', 'model'))`) is split over all of them, the first major, as
+    in JAX: the device at `('data', 'model')` position (d, m) holds block
+    `4 * d + m`, and the result's `sharding` is `NamedSharding(mesh,
+    P(('data', 'model')))`. A DTensor layout splits a dimension over one
+    mesh dimension, so such a result's `dtensor_value` lies on a DTensor
+    mesh of the same devices whose one dimension, named 'data.model',
+    merges the two (each device's block is moved there where it is); it
+    goes back into a shard_map with the same in spec as it is. Inside a
+    user's `tf.function`, where no value can change meshes, such a
+    dimension lies split over the first axis only, on `mesh.dtensor_mesh`.
+    DTensor inputs on `mesh.dtensor_mesh` laid out as `in_specs` say are
+    used as they are.
     While a GradientTape records, it returns `tf.Tensor`s the tape follows;
     as in JAX, the gradient of an input the same along a mesh axis is the
     sum of its devices' gradients over that axis, and an output the same

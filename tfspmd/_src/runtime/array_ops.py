@@ -74,7 +74,8 @@ def wrap(value, like):
   """The DTensor `value` as a ShardedArray on the mesh of `like`."""
   split = tuple(None if dim == dtensor.UNSHARDED else dim
                 for dim in dtensor.fetch_layout(value).sharding_specs)
-  placement = placement_lib.Placement(like.placement.mesh_key, split)
+  placement = placement_lib.Placement(like.placement.mesh_key, split,
+                                      like.placement.merged)
   return type(like)(value, placement,
                     placement.local_shape(tuple(value.shape)), value.dtype)
 

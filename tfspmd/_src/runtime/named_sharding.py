@@ -7,11 +7,13 @@ rank it is one `Placement`, the form the rest of tfspmd works with. A
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from tfspmd._src.runtime import devices as devices_lib
+from tfspmd._src.runtime import mesh as mesh_lib
 from tfspmd._src.runtime import named_mesh
 from tfspmd._src.runtime import placement as placement_lib
 from tfspmd._src.runtime.named_mesh import Mesh
@@ -138,9 +140,11 @@ def _padded(spec, ndim):
 def placement_of(sharding, shape, what):
   """The `Placement` of an array of `shape` laid out by `sharding`.
 
-  A dimension split over several mesh axes is split over the first of them
-  and whole along the others, as shard_map lays out its results: a DTensor
-  layout splits a dimension over one mesh dimension.
+  A spec that splits no dimension over several mesh axes gives a placement
+  on the mesh's own DTensor mesh. One that does (`P(('a', 'b'))`) gives a
+  placement on a DTensor mesh of the same devices with one dimension per
+  group of axes the spec names, then one per axis it leaves out
+  (`merged_mesh_key`), so that each device holds the block JAX gives it.
 
   Raises:
     ValueError: Naming `what`, if the spec is longer than the array's rank
@@ -152,29 +156,73 @@ def placement_of(sharding, shape, what):
         f"{what} of shape {tuple(shape)} has rank {len(shape)}, but "
         f"{sharding} splits {len(spec)} dimensions; give a spec of at most "
         f"{len(shape)} entries.")
-  dim_of = dict(zip(mesh.axis_names, mesh.dim_names))
-  dims = []
-  for dimension, size in enumerate(shape):
-    axes = spec.axes_of(dimension)
-    count = mesh.shape[axes[0]] if axes else 1
+  groups = [spec.axes_of(dimension) for dimension in range(len(shape))]
+  for dimension, (size, axes) in enumerate(zip(shape, groups)):
+    count = math.prod(mesh.shape[name] for name in axes)
     if size % count:
       raise ValueError(
           f"{what} of shape {tuple(shape)}: {sharding} splits dimension "
           f"{dimension} {count} ways, which does not evenly divide its size "
           f"{size}.")
-    dims.append(dim_of[axes[0]] if axes else None)
-  return placement_lib.Placement(mesh.mesh_key, tuple(dims))
+  if all(len(axes) < 2 for axes in groups):
+    dim_of = dict(zip(mesh.axis_names, mesh.dim_names))
+    return placement_lib.Placement(mesh.mesh_key, tuple(
+        dim_of[axes[0]] if axes else None for axes in groups))
+  mesh_key, merged = merged_mesh_key(mesh, [axes for axes in groups if axes])
+  dim_of = dict(zip(merged.axes, mesh_key.dim_names))
+  return placement_lib.Placement(mesh_key, tuple(
+      dim_of[axes] if axes else None for axes in groups), merged)
+
+
+def merged_mesh_key(mesh, groups):
+  """The DTensor mesh of `mesh`'s devices whose dimensions merge `groups`.
+
+  Args:
+    mesh: The `Mesh`.
+    groups: Tuples of axis names, each axis in one at most.
+
+  Returns:
+    `(mesh_key, merged)`: the `mesh_lib.MeshKey` of a mesh with one
+    dimension per group, in order, then one per axis of `mesh` no group
+    holds, in mesh order; and its `placement_lib.MergedAxes`. A group's
+    dimension orders its devices as the grid of its axes does, the first
+    major: its position k is the device JAX gives block k of a dimension
+    split over those axes.
+  """
+  named = {name for axes in groups for name in axes}
+  groups = tuple(tuple(axes) for axes in groups) + tuple(
+      (name,) for name in mesh.axis_names if name not in named)
+  position = {name: k for k, name in enumerate(mesh.axis_names)}
+  order = [position[name] for axes in groups for name in axes]
+  sizes = tuple(math.prod(mesh.shape[name] for name in axes)
+                for axes in groups)
+  devices = mesh.devices.transpose(order).reshape(sizes)
+  dim_of = dict(zip(mesh.axis_names, mesh.dim_names))
+  names = tuple(".".join(dim_of[name] for name in axes) for axes in groups)
+  if len(set(names)) < len(names):
+    names = tuple(mesh_lib.mesh_dim_name(k) for k in range(len(groups)))
+  return (mesh_lib.MeshKey(names, sizes, tuple(devices.flat)),
+          placement_lib.MergedAxes(mesh, groups))
 
 
 def sharding_of(placement):
-  """The `NamedSharding` of `placement`, on a Mesh named as its DTensor mesh.
+  """The `NamedSharding` of `placement`.
 
-  Trailing whole dimensions are left out of the spec, as `P('x')` writes
-  what `P('x', None)` does.
+  On a mesh that merges a `Mesh`'s axes, that `Mesh` with a spec naming
+  the axes each dimension is split over; otherwise a Mesh named as the
+  DTensor mesh. Trailing whole dimensions are left out of the spec, as
+  `P('x')` writes what `P('x', None)` does.
   """
   dim_names, sizes, devices = placement.mesh_key
-  mesh = Mesh(np.array(devices, dtype=object).reshape(sizes), dim_names)
-  spec = list(placement.spec)
+  if placement.merged is None:
+    mesh = Mesh(np.array(devices, dtype=object).reshape(sizes), dim_names)
+    spec = list(placement.spec)
+  else:
+    mesh = placement.merged.mesh
+    axes_of = dict(zip(dim_names, placement.merged.axes))
+    spec = [None if dim is None else
+            axes_of[dim][0] if len(axes_of[dim]) == 1 else axes_of[dim]
+            for dim in placement.spec]
   while spec and spec[-1] is None:
     spec.pop()
   return NamedSharding(mesh, PartitionSpec(*spec))

@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import NamedTuple
 from typing import TYPE_CHECKING
 
 import numpy as np
+import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.core import tf_internal
@@ -22,6 +24,24 @@ from tfspmd._src.runtime import dtensor_device
 
 if TYPE_CHECKING:
   from tfspmd._src.runtime import mesh as mesh_lib
+  from tfspmd._src.runtime import named_mesh
+
+
+class MergedAxes(NamedTuple):
+  """A DTensor mesh whose dimensions stand for groups of a `Mesh`'s axes.
+
+  A DTensor layout splits a tensor axis over one mesh dimension; an axis a
+  spec splits over several mesh axes (`P(('a', 'b'))`) is split over one
+  dimension of a mesh of the same devices in which those axes are one,
+  the first major, as JAX splits it.
+
+  Attributes:
+    mesh: The user's `Mesh`.
+    axes: For each dimension of the DTensor mesh, the tuple of the `Mesh`'s
+      axis names it stands for.
+  """
+  mesh: named_mesh.Mesh
+  axes: tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,9 +52,12 @@ class Placement:
     mesh_key: The `mesh.MeshKey` (dim names, sizes, devices) of the mesh.
     spec: One entry per tensor axis: the mesh dimension it is split over, or
       None where every device holds the whole axis.
+    merged: The `MergedAxes` of a mesh whose dimensions merge the axes of a
+      user's `Mesh`; None for any other mesh.
   """
   mesh_key: mesh_lib.MeshKey
   spec: tuple
+  merged: MergedAxes | None = None
 
   @functools.cached_property
   def mesh(self):
@@ -251,6 +274,24 @@ def repack(value, placement):
   """
   with dtensor_device.entry:
     return dtensor.pack(dtensor.unpack(value), placement.layout)
+
+
+def moved_blocks(value, source, target, shape):
+  """The DTensor `value` on `source`, reshaped to `shape` on `target`.
+
+  Each device's block is reshaped where it is and packed onto `target`'s
+  mesh: no data moves between devices. Only valid when each device holds,
+  under `source`, the elements of the block it holds under `target` (a
+  shard_map's expanded result and the same array on a mesh that merges
+  mesh axes).
+  """
+  block_shape = [extent // count
+                 for extent, count in zip(shape, target.counts())]
+  by_device = dict(zip(source.mesh.local_devices(), components(value)))
+  blocks = [tf.reshape(by_device[device], block_shape)
+            for device in target.mesh.local_devices()]
+  with dtensor_device.entry:
+    return dtensor.pack(blocks, target.layout)
 
 
 def assemble(value, placement, local_shape, dtype):

@@ -50,9 +50,10 @@ def local_extents(mesh):
 def check_spec(spec, mesh, path, argument):
   """Raises if `spec` splits a dimension over axes a part cannot follow.
 
-  A DTensor layout splits a dimension over one mesh dimension (the first
-  axis named): a result's part along it would hold the blocks of every
-  position of the later axes, so only the first may cross processes.
+  A dimension split over several axes is split over their product, the
+  first major: where a later axis crosses processes, a process's blocks
+  along the dimension do not lie next to each other in the global array,
+  so they would not make its part. Only the first may cross processes.
   """
   extents = local_extents(mesh)
   for dimension in range(len(spec)):

@@ -137,7 +137,12 @@ class ShardedArray:
     mesh's dimensions: a shard_map's mesh has the `Mesh`'s axis names (so a
     shard_map result's sharding names the mesh it ran on), a pmap's has one
     axis per nested pmap, named 'axis_0', 'axis_1', ... from the outermost.
-    `tfspmd.device_put(y, x.sharding)` lays `y` out as `x`.
+    An array a spec split over several mesh axes in one dimension (a
+    shard_map result of `out_specs=P(('a', 'b'))`, or `device_put` to such
+    a sharding) has the `Mesh` and spec it was given, though its
+    `dtensor_value` lies on a DTensor mesh of the same devices whose one
+    dimension merges those axes. `tfspmd.device_put(y, x.sharding)` lays `y`
+    out as `x`.
 
     Example:
       >>> import tensorflow as tf, tfspmd
@@ -159,7 +164,10 @@ class ShardedArray:
 
   @property
   def addressable_shards(self) -> list[Shard]:
-    """This process's blocks, one `Shard` per local device, in mesh order."""
+    """This process's blocks, one `Shard` per local device, in mesh order.
+
+    The order is that of the devices of `sharding.mesh`, as in JAX.
+    """
     self._check_alive()
     counts = self._placement.local_counts()
     shards = []
@@ -168,6 +176,10 @@ class ShardedArray:
     for (device, index), data in zip(self._placement.local_view, components):
       shards.append(Shard(device=device, index=placement_lib.block_slices(
           index, self._shape.as_list(), counts), data=_on(device, data)))
+    if self._placement.merged is not None:
+      order = {device: k for k, device in
+               enumerate(self._placement.merged.mesh.devices.flat)}
+      shards.sort(key=lambda shard: order[shard.device])
     return shards
 
   def block_until_ready(self) -> ShardedArray:
