@@ -26,6 +26,7 @@ try:
   from tensorflow.python.eager import record as _record
   from tensorflow.python.framework import errors_impl as _errors_impl
   from tensorflow.core.lib.core import error_codes_pb2 as _error_codes
+  from tensorflow.core.protobuf import config_pb2 as _config_pb2
   from tensorflow.python.framework import func_graph as _func_graph
   from tensorflow.python.framework import op_callbacks as _op_callbacks
   from tensorflow.python.ops import gen_resource_variable_ops as _gen_variables
@@ -291,13 +292,40 @@ def flat_caller(concrete_function, captured):
   `ConcreteFunction.__call__` re-binds its arguments against the Python
   signature on every call; the pmap's cache key already guarantees they fit.
   `captured` stands for the function's captured inputs, in their order.
+
+  The function runs without grappler, TensorFlow's graph optimizer: DTensor
+  expands a program into one copy of each op per device, and grappler's
+  passes over that copy dominated a program's first call and the call that
+  expands it again for inputs from another program (a conv-net training
+  step on 8 CPU devices: 0.47 -> 0.20 s and 0.37 -> 0.09 s of CPU time),
+  while its steady calls took the same time with or without them. The
+  options are otherwise those TensorFlow passes to every function call when
+  the caller is made.
   """
   call_flat = concrete_function._call_flat  # pylint: disable=protected-access
+  eager = _context.context()
+  options = _without_grappler(eager.function_call_options)
 
   def call(*tensors):
-    return call_flat(list(tensors), captured)
+    local = eager._thread_local_data  # pylint: disable=protected-access
+    saved = local.function_call_options
+    local.function_call_options = options
+    try:
+      return call_flat(list(tensors), captured)
+    finally:
+      local.function_call_options = saved
 
   return call
+
+
+def _without_grappler(options):
+  """`options` (`FunctionCallOptions`) with grappler's meta optimizer off."""
+  config = _config_pb2.ConfigProto()
+  if options.config_proto_serialized:
+    config.ParseFromString(options.config_proto_serialized)
+  config.graph_options.rewrite_options.disable_meta_optimizer = True
+  return _context.FunctionCallOptions(executor_type=options.executor_type,
+                                      config_proto=config)
 
 
 def tape_may_record(tensors):
