@@ -139,12 +139,21 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
   local_shapes = shapes
   axes, top_local = options.args.axes_and_size(call.in_axes, shapes,
                                                call.paths)
-  devices = options.mesh_devices(top_local)
   local, total = options.process_share()
-  parts = options.devices is None and total > 1
-  crossing, splits = {}, {}
+  try:
+    devices = options.mesh_devices(top_local)
+  except ValueError as error:
+    # With devices= over several processes the inputs may be a nested
+    # axis's parts (then the call gets a clearer error, below).
+    if options.devices is None or local == total:
+      raise
+    devices, devices_error = options.devices, error
+  else:
+    devices_error = None
+  parts = local < total
+  crossing, splits, names = {}, {}, {}
   while True:
-    size = (pmap_nested.top_size(top_local, crossing) if crossing
+    size = (pmap_nested.top_size(top_local, crossing, names) if crossing
             else top_local * total // local)
     shapes = [list(shape) for shape in local_shapes]
     for leaf, axis in enumerate(axes):
@@ -153,12 +162,13 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
     for (leaf, axis), depth in splits.items():
       shapes[leaf][axis] = crossing[depth][1]
     try:
-      return _trace_whole(options, call, axes, size,
-                          [tuple(shape) for shape in shapes], local_shapes,
-                          devices, dtypes, in_user_graph, lays_out,
-                          parts=parts, crossing=dict(crossing),
-                          top_local=top_local)
+      program = _trace_whole(options, call, axes, size,
+                             [tuple(shape) for shape in shapes], local_shapes,
+                             devices, dtypes, in_user_graph, lays_out,
+                             parts=parts, crossing=dict(crossing),
+                             top_local=top_local)
     except pmap_nested.CrossingAxis as found:
+      _check_crossing(options, found, crossing, names)
       if all(split in splits for split in found.splits):
         raise ValueError(
             f"pmap: a nested pmap's inputs hold {found.local} positions of "
@@ -166,7 +176,42 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
             f"several processes give the nested pmaps at one depth the same "
             f"axis_size (docs/multiprocess.md).") from None
       crossing[found.depth] = (found.local, found.size)
+      names[found.depth] = found.axis_name
       splits.update((split, found.depth) for split in found.splits)
+    except ValueError:
+      if devices_error is None:
+        raise
+      raise devices_error from None
+    else:
+      if devices_error is not None:
+        raise devices_error
+      return program
+
+
+def _check_crossing(options, found, crossing, names):
+  """Raises if the crossing axis `found` cannot join those in `crossing`."""
+  if options.devices is not None:
+    raise ValueError(
+        f"pmap: the nested pmap over axis {found.axis_name!r} has global "
+        f"size {found.size}, of which its inputs hold {found.local} "
+        f"positions, so its axis crosses processes; an axis crossing "
+        f"processes needs the outermost pmap without devices=. Leave "
+        f"devices= out: the nested pmaps' axes then form a grid over "
+        f"tfspmd.devices() in process order (outer axis slowest), and each "
+        f"process passes, for each mapped input, the block of it that its "
+        f"own devices hold (docs/multiprocess.md).")
+  if crossing.get(found.depth, (found.local, found.size)) != (found.local,
+                                                              found.size):
+    local, size = crossing[found.depth]
+    raise ValueError(
+        f"pmap: the nested pmaps over axes {names[found.depth]!r} and "
+        f"{found.axis_name!r} run at one depth, so they share a mesh "
+        f"dimension, but their axes cross processes differently: the "
+        f"inputs of {names[found.depth]!r} hold {local} of its {size} "
+        f"positions, those of {found.axis_name!r} {found.local} of "
+        f"{found.size}. Give the nested pmaps at one depth the same "
+        f"axis_size, and pass each the same positions of it "
+        f"(docs/multiprocess.md).")
 
 
 def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
