@@ -91,7 +91,7 @@ def placement_for(mesh_key, spec):
 
 
 def cached_program(options, programs, key, call, values, in_user_graph=False,
-                   lays_out=True):
+                   lays_out=True, whole=False):
   """The `Program` of the call signature `key`, traced if not in `programs`.
 
   Args:
@@ -104,12 +104,16 @@ def cached_program(options, programs, key, call, values, in_user_graph=False,
     in_user_graph: Whether the program is for a user's graph (`inline`).
     lays_out: Whether the program places its values on the mesh
       (`axis_env.TraceState.lays_out`).
+    whole: Whether `key` has the whole arrays' shapes, not this process's
+      parts' (the DTensors a user's graph traces, with several processes).
   """
   program = known_program(programs, key, in_user_graph, lays_out)
   if program is None:
-    program = _trace(options, call, [shape for shape, _ in key[2]],
-                     [value.dtype for value in values], in_user_graph,
-                     lays_out)
+    shapes = [shape for shape, _ in key[2]]
+    dtypes = [value.dtype for value in values]
+    program = (_trace_of_whole_arrays(options, call, shapes, dtypes, lays_out)
+               if whole else
+               _trace(options, call, shapes, dtypes, in_user_graph, lays_out))
     programs.put((in_user_graph, lays_out) + key, program)
   return program
 
@@ -186,6 +190,23 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
       if devices_error is not None:
         raise devices_error
       return program
+
+
+def _trace_of_whole_arrays(options, call, shapes, dtypes, lays_out):
+  """The `Program`, for a user's graph, of inputs of the whole `shapes`.
+
+  A DTensor traces with its whole shape, every nested axis's included, so
+  no nested pmap finds a part of its axis; with several processes its
+  layout, not its blocks in each process, says where it lies.
+  """
+  axes, size = options.args.axes_and_size(call.in_axes, shapes, call.paths)
+  local, total = options.process_share()
+  # The devices of the process's share of the outermost axis, at least one
+  # where a nested axis crossing processes leaves it less than a position.
+  devices = options.mesh_devices(max(1, size * local // total))
+  return _trace_whole(options, call, axes, size, shapes, shapes, devices,
+                      dtypes, in_user_graph=True, lays_out=lays_out,
+                      parts=False, crossing={}, top_local=size)
 
 
 def _check_crossing(options, found, crossing, names):
