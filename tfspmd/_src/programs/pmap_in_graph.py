@@ -12,7 +12,9 @@ SavedModel of such a function needs only TensorFlow to serve.
 
 With several processes each passes only its part of a plain array, which
 one device could not reduce over the others: there the program keeps its
-relayouts onto the mesh of every process's devices, and takes DTensors.
+relayouts onto the mesh of every process's devices, and takes DTensors,
+which trace with their global shapes (a nested axis crossing processes
+included): the program is traced over those.
 """
 
 from tfspmd._src.arguments import arguments
