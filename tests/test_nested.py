@@ -210,3 +210,14 @@ def test_devices_over_processes_keep_their_size_error(two_processes):
       "pmap was given 4 devices (2 in this process), but the mapped axis has "
       "size 3; with devices=, the mapped size must equal the number of local "
       "devices given.")
+
+
+def test_devices_over_processes_with_nested_pmaps_that_do_not_fit(
+    two_processes):
+  # devices= gives the outermost axis its devices, the nested axes none.
+  with pytest.raises(ValueError) as raised:
+    tfspmd.pmap(tfspmd.pmap(lambda v: v, axis_name="i"), axis_name="o",
+                devices=two_processes)(np.zeros((2, 2)))
+  assert str(raised.value) == (
+      "compiling computation that requires 8 replicas (4 x 2 nested pmaps), "
+      "but only 4 devices are available (num_replicas=8).")

@@ -196,7 +196,7 @@ def _register_nested_axis(state, axis_name, size, depth, mesh_dim):
     message = (f"compiling computation that requires {total} replicas "
                f"({shape} nested pmaps), but only {state.max_devices} devices "
                f"are available (num_replicas={total}).")
-    if state.parts:
+    if state.parts and not state.given_devices:
       held = total // devices_lib.process_count()
       message += (
           f" With several processes each process passes, for each mapped "

@@ -248,7 +248,7 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
       mesh_axes=[(options.axis_name, size, top_dim)],
       max_devices=len(devices) if options.devices is None else size,
       devices=tuple(devices), lays_out=lays_out, parts=parts,
-      crossing=crossing)
+      crossing=crossing, given_devices=options.devices is not None)
   rebuild = call.rebuilder()
   built = {}
 
