@@ -178,6 +178,28 @@ def nested_across_processes():
     report["wrong_part"] = None
   except ValueError as e:
     report["wrong_part"] = str(e)
+  # The per-device shapes the outer function traces with, per call: a new
+  # signature traces it over this process's part, up to the nested pmap,
+  # then over the global shapes.
+  traced = []
+  inner = tfspmd.pmap(lambda v: lax.psum(v, "i"), axis_name="i", axis_size=4)
+
+  def outer(v):
+    traced.append(v.shape.as_list())
+    return inner(v)
+
+  total = tfspmd.pmap(outer, axis_name="o")
+  part = x[me // 2:me // 2 + 1, i:i + 2]
+  report["traced"] = []
+  for value in (part, part[..., :1], part):
+    out = total(value)
+    report["traced"].append(list(traced))
+    traced.clear()
+  # Inside a tf.function, on the DTensor of the last result: each local
+  # device's block of psum over 'i' of it.
+  again = tf.function(total)(out.dtensor_value)
+  report["in_tf_function"] = [c.numpy().tolist()
+                              for c in dtensor.unpack(again)]
   return report
 
 

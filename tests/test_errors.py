@@ -27,6 +27,7 @@ import tensorflow as tf
 import tfspmd
 from tfspmd import lax
 from tfspmd._src.core import config as config_lib
+from tfspmd._src.runtime import devices as devices_lib
 from tfspmd.adapters import checkpoint
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -1455,6 +1456,86 @@ def _():
   INIT(coordinator_address="localhost:9000", num_processes=2, process_id=0,
        coordinator_bind_address="9000")
 
+
+def _as_two_processes(trigger):
+  """`trigger` run as process 0 of 2, its devices the first 2 of 4.
+
+  Nested pmaps whose axis crosses processes raise these errors while the
+  program traces, before any device would wait on the other process.
+  """
+  def run():
+    theirs = [dataclasses.replace(d, process_index=1)
+              for d in tfspmd.devices()[2:4]]
+    with mock.patch.object(devices_lib, "process_count", return_value=2):
+      trigger(list(tfspmd.devices()[:2]) + theirs)
+  return run
+
+
+def _psum_over(name, axis_size):
+  return P(lambda v: lax.psum(v, name), name, axis_size=axis_size)
+
+
+@case("nested-crossing-axis-size", PROCESSES,
+      "with 2 processes, a nested pmap's axis_size=3 where each process "
+      "passes 2 positions of its axis", ValueError,
+      r"pmap was given axis_size=3, but its mapped arguments have size 2 "
+      r"along the mapped axis\. With several processes a nested pmap's "
+      r"axis_size is the global size of its axis.*a divisor of axis_size")
+@_as_two_processes
+def _(devices):
+  del devices
+  P(_psum_over("i", 3), "o")(np.zeros((1, 2)))
+
+
+@case("nested-crossing-grid", PROCESSES,
+      "with 2 processes passing 1 x 2 positions, a nested axis_size=6, which "
+      "does not divide the grid's 4 positions", ValueError,
+      r"the nested axes crossing processes, 'i' \(6\), have global sizes "
+      r"whose product 6 does not divide the 4 grid positions.*axis_size= "
+      r"values whose product divides 4")
+@_as_two_processes
+def _(devices):
+  del devices
+  P(_psum_over("i", 6), "o")(np.zeros((1, 2)))
+
+
+@case("nested-crossing-not-an-input", PROCESSES,
+      "with 2 processes, a nested pmap whose axis crosses processes mapping a "
+      "value computed inside the outer function", ValueError,
+      r"the nested pmap over axis 'i' has global size 4, which crosses "
+      r"processes, but a mapped argument has size 2 and is not an input of "
+      r"the outermost pmap.*map the inputs of the outermost pmap")
+@_as_two_processes
+def _(devices):
+  del devices
+  P(lambda x: _psum_over("i", 4)(x * 2), "o")(np.zeros((1, 2)))
+
+
+@case("nested-crossing-one-depth", PROCESSES,
+      "with 2 processes, nested pmaps at one depth whose axes cross processes "
+      "with axis_size=4 and axis_size=8", ValueError,
+      r"the nested pmaps over axes 'i' and 'j' run at one depth, so they "
+      r"share a mesh dimension, but their axes cross processes differently: "
+      r"the inputs of 'i' hold 2 of its 4 positions, those of 'j' 2 of 8\. "
+      r"Give the nested pmaps at one depth the same axis_size")
+@_as_two_processes
+def _(devices):
+  del devices
+  P(lambda x, y: (_psum_over("i", 4)(x), _psum_over("j", 8)(y)), "o")(
+      np.zeros((1, 2)), np.zeros((1, 2)))
+
+
+@case("nested-crossing-devices", PROCESSES,
+      "with 2 processes, devices= on the outermost pmap of a nested pmap "
+      "whose axis crosses processes", ValueError,
+      r"the nested pmap over axis 'i' has global size 4, of which its inputs "
+      r"hold 2 positions, so its axis crosses processes; an axis crossing "
+      r"processes needs the outermost pmap without devices=\. Leave devices= "
+      r"out")
+@_as_two_processes
+def _(devices):
+  P(_psum_over("i", 4), "o", devices=devices)(np.zeros((1, 2)))
+
 # --- shardings and device_put --------------------------------------------------
 
 
@@ -2326,10 +2407,7 @@ PLACEHOLDERS = [
      "inputs hold 6 positions of the nested pmaps' grid, but it has 3 "
      "devices. Pass the positions of its devices only, and give a nested "
      "pmap whose axis crosses processes its global size as axis_size= "
-     "...\"; also a ValueError where a nested pmap's axis_size is not a "
-     "multiple of what its inputs hold, where the global sizes do not "
-     "divide the grid, or where a crossing axis maps a value that is no "
-     "input of the outermost pmap"),
+     "...\""),
     (PROCESSES, "processes calling pmaps in different orders, or giving "
      "devices= different lists", "not detected: matching collectives give "
      "wrong values, others raise the errors above (docs/multiprocess.md, "

@@ -495,6 +495,24 @@ def test_a_process_passing_another_block_than_its_devices_hold(nested_across):
         f"along each axis, outermost first (docs/multiprocess.md).")
 
 
+def test_a_crossing_axis_traces_a_new_signature_twice(nested_across):
+  # Over this process's part (2 'i' positions) up to the nested pmap, then
+  # over the global shapes (4); a known signature traces nothing.
+  for report in nested_across:
+    assert report["traced"] == [[[2, 8, 2], [4, 8, 2]],
+                                [[2, 8, 1], [4, 8, 1]], []]
+
+
+def test_a_crossing_axis_inside_a_tf_function(nested_across):
+  x = np.arange(128.0).reshape(2, 4, 8, 2)
+  for k, report in enumerate(nested_across):
+    # psum over 'i' twice: 4 times the sum over 'i' of process k's row.
+    expected = 4 * x[k // 2].sum(0)
+    assert len(report["in_tf_function"]) == 2
+    for block in report["in_tf_function"]:
+      np.testing.assert_allclose(block, expected[None, None], rtol=1e-6)
+
+
 def test_nested_pmaps_whose_grid_is_no_block_of_each_process_are_an_error():
   port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
   reports = _run([("nested_not_a_block", k, None, _coordinated(port, 2, k))

@@ -12,7 +12,9 @@ SavedModel of such a function needs only TensorFlow to serve.
 
 With several processes each passes only its part of a plain array, which
 one device could not reduce over the others: there the program keeps its
-relayouts onto the mesh of every process's devices, and takes DTensors.
+relayouts onto the mesh of every process's devices, and takes DTensors,
+which trace with their global shapes (a nested axis crossing processes
+included): the program is traced over those.
 """
 
 from tfspmd._src.arguments import arguments
@@ -37,31 +39,15 @@ def call(pmapped, args, kwargs):
           f"shape {value.shape}; give the tf.function an input_signature "
           f"with full shapes, or call it with tensors of fixed shape.")
     values.append(value)
-  share = options.process_share()
-  signature = tuple((_local_shape(v, axis, path, share), v.dtype)
-                    for v, axis, path in zip(values, bound.in_axes,
-                                             bound.paths))
+  several = devices.process_count() > 1
+  signature = tuple((tuple(v.shape), v.dtype) for v in values)
   key = (bound.treedef, bound.static_key, signature)
   program = pmap_trace.cached_program(
       options, programs, key, bound, values, in_user_graph=True,
-      lays_out=devices.process_count() > 1)
+      lays_out=several, whole=several)
   outputs = program.inline(*values)
   count = len(program.output_placements)
   side_effects.replay_in_graph(
       program.effects, pmap_trace.effect_values(program, outputs[count:]))
   return program.output_treedef.unflatten(list(outputs[:count]))
 
-
-def _local_shape(value, axis, path, share):
-  """The shape of this process's part of the traced DTensor `value`.
-
-  `share` is `(local, total)`: this process holds `local` of every `total`
-  positions of the mapped axis.
-  """
-  shape = tuple(value.shape)
-  local, total = share
-  if axis is None or local == total:
-    return shape
-  axis = arguments.normalize_axis(axis, len(shape), spec_name="in_axes",
-                                  path=path)
-  return shape[:axis] + (shape[axis] * local // total,) + shape[axis + 1:]

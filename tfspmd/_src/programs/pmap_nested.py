@@ -53,9 +53,12 @@ def call(pmapped, args, kwargs):
   values = [arguments.traced_tensor(leaf, path)
             for leaf, path in zip(bound.leaves, paths)]
   shapes = [tuple(v.shape) for v in values]
+  depth = sum(1 for frame in axis_env.frames() if frame.mesh_dim is not None)
+  if depth in state.crossing:
+    _check_all_parts_are_inputs(state, options, values, shapes, bound.in_axes,
+                                depth)
   axes, size = options.args.axes_and_size(bound.in_axes, shapes, paths,
                                           part=state.parts)
-  depth = sum(1 for frame in axis_env.frames() if frame.mesh_dim is not None)
   if state.parts:
     _check_whole(state, options, values, axes, size, depth)
   mesh_dim = _register_nested_axis(state, options.axis_name, size, depth,
@@ -90,11 +93,13 @@ class CrossingAxis(Exception):
     local: How many of its positions the inputs hold.
     size: Its global size.
     splits: `(leaf, axis)` of each input leaf axis the nested pmap maps.
+    axis_name: The nested pmap's axis name, for messages.
   """
 
-  def __init__(self, depth, local, size, splits):
+  def __init__(self, depth, local, size, splits, axis_name):
     super().__init__(f"the nested axis at depth {depth} crosses processes")
     self.depth, self.local, self.size, self.splits = depth, local, size, splits
+    self.axis_name = axis_name
 
 
 def _check_whole(state, options, values, axes, size, depth):
@@ -112,22 +117,43 @@ def _check_whole(state, options, values, axes, size, depth):
     if axis is not None and origin is not None:
       splits.append((origin.leaf, origin.axes[axis]))
   if not splits:
-    raise ValueError(
-        f"pmap: the nested pmap over axis {options.axis_name!r} has global "
-        f"size {known}, which crosses processes, but its mapped arguments "
-        f"have size {size} and are not an input of the outermost pmap; with "
-        f"several processes only the outermost pmap's inputs can be each "
-        f"process's part of an axis crossing processes: map the inputs of "
-        f"the outermost pmap (docs/multiprocess.md).")
-  raise CrossingAxis(depth, size, known, tuple(splits))
+    raise _not_an_input(options.axis_name, known, size)
+  raise CrossingAxis(depth, size, known, tuple(splits), options.axis_name)
 
 
-def top_size(size, crossing):
+def _check_all_parts_are_inputs(state, options, values, shapes, in_axes,
+                                depth):
+  """Raises if a value mapped over a crossing axis is a part but no input.
+
+  In a trace over the global shapes, an input of the outermost pmap that
+  the axis at `depth` splits has its global size; a value of the size of
+  this process's part along it (a constant's, say) has no global array to
+  be a part of.
+  """
+  local, known = state.crossing[depth]
+  for value, shape, axis in zip(values, shapes, in_axes):
+    if (axis is not None and shape and shape[axis % len(shape)] == local and
+        state.origin_of(value) is None):
+      raise _not_an_input(options.axis_name, known, local)
+
+
+def _not_an_input(axis_name, known, size):
+  return ValueError(
+      f"pmap: the nested pmap over axis {axis_name!r} has global size "
+      f"{known}, which crosses processes, but a mapped argument has size "
+      f"{size} and is not an input of the outermost pmap; with several "
+      f"processes only the outermost pmap's inputs can be each process's "
+      f"part of an axis crossing processes: map the inputs of the "
+      f"outermost pmap (docs/multiprocess.md).")
+
+
+def top_size(size, crossing, names):
   """The outermost axis's global size, of `size` in each process.
 
   Every process's devices hold as many grid positions, so the grid holds
   the process count times theirs; the nested axes in `crossing` (depth ->
-  `(local, global)` sizes) take their global sizes of it.
+  `(local, global)` sizes, `names` their axis names) take their global
+  sizes of it.
   """
   count = devices_lib.process_count() * size
   for local, _ in crossing.values():
@@ -135,13 +161,16 @@ def top_size(size, crossing):
   inner = math.prod(global_size for _, global_size in crossing.values())
   if count % inner:
     processes = devices_lib.process_count()
+    axes = ", ".join(f"{names[depth]!r} ({global_size})"
+                     for depth, (_, global_size) in crossing.items())
     raise ValueError(
-        f"pmap: the nested pmaps whose axes cross processes have global "
-        f"sizes {[g for _, g in crossing.values()]}, whose product does not "
-        f"divide the {count} grid positions the processes' inputs hold "
-        f"({processes} processes of {count // processes} each); give each "
-        f"nested pmap whose axis crosses processes its global size as "
-        f"axis_size= (docs/multiprocess.md).")
+        f"pmap: the nested axes crossing processes, {axes}, have global "
+        f"sizes whose product {inner} does not divide the {count} grid "
+        f"positions the processes' inputs hold ({processes} processes "
+        f"passing {count // processes} each); the outermost axis takes the "
+        f"positions left, so give those nested pmaps axis_size= values "
+        f"whose product divides {count}, each a multiple of the positions "
+        f"a process passes along its axis (docs/multiprocess.md).")
   return count // inner
 
 
@@ -167,7 +196,7 @@ def _register_nested_axis(state, axis_name, size, depth, mesh_dim):
     message = (f"compiling computation that requires {total} replicas "
                f"({shape} nested pmaps), but only {state.max_devices} devices "
                f"are available (num_replicas={total}).")
-    if state.parts:
+    if state.parts and not state.given_devices:
       held = total // devices_lib.process_count()
       message += (
           f" With several processes each process passes, for each mapped "

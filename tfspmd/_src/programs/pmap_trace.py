@@ -91,7 +91,7 @@ def placement_for(mesh_key, spec):
 
 
 def cached_program(options, programs, key, call, values, in_user_graph=False,
-                   lays_out=True):
+                   lays_out=True, whole=False):
   """The `Program` of the call signature `key`, traced if not in `programs`.
 
   Args:
@@ -104,12 +104,16 @@ def cached_program(options, programs, key, call, values, in_user_graph=False,
     in_user_graph: Whether the program is for a user's graph (`inline`).
     lays_out: Whether the program places its values on the mesh
       (`axis_env.TraceState.lays_out`).
+    whole: Whether `key` has the whole arrays' shapes, not this process's
+      parts' (the DTensors a user's graph traces, with several processes).
   """
   program = known_program(programs, key, in_user_graph, lays_out)
   if program is None:
-    program = _trace(options, call, [shape for shape, _ in key[2]],
-                     [value.dtype for value in values], in_user_graph,
-                     lays_out)
+    shapes = [shape for shape, _ in key[2]]
+    dtypes = [value.dtype for value in values]
+    program = (_trace_of_whole_arrays(options, call, shapes, dtypes, lays_out)
+               if whole else
+               _trace(options, call, shapes, dtypes, in_user_graph, lays_out))
     programs.put((in_user_graph, lays_out) + key, program)
   return program
 
@@ -139,12 +143,21 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
   local_shapes = shapes
   axes, top_local = options.args.axes_and_size(call.in_axes, shapes,
                                                call.paths)
-  devices = options.mesh_devices(top_local)
   local, total = options.process_share()
-  parts = options.devices is None and total > 1
-  crossing, splits = {}, {}
+  try:
+    devices = options.mesh_devices(top_local)
+  except ValueError as error:
+    # With devices= over several processes the inputs may be a nested
+    # axis's parts (then the call gets a clearer error, below).
+    if options.devices is None or local == total:
+      raise
+    devices, devices_error = options.devices, error
+  else:
+    devices_error = None
+  parts = local < total
+  crossing, splits, names = {}, {}, {}
   while True:
-    size = (pmap_nested.top_size(top_local, crossing) if crossing
+    size = (pmap_nested.top_size(top_local, crossing, names) if crossing
             else top_local * total // local)
     shapes = [list(shape) for shape in local_shapes]
     for leaf, axis in enumerate(axes):
@@ -153,12 +166,13 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
     for (leaf, axis), depth in splits.items():
       shapes[leaf][axis] = crossing[depth][1]
     try:
-      return _trace_whole(options, call, axes, size,
-                          [tuple(shape) for shape in shapes], local_shapes,
-                          devices, dtypes, in_user_graph, lays_out,
-                          parts=parts, crossing=dict(crossing),
-                          top_local=top_local)
+      program = _trace_whole(options, call, axes, size,
+                             [tuple(shape) for shape in shapes], local_shapes,
+                             devices, dtypes, in_user_graph, lays_out,
+                             parts=parts, crossing=dict(crossing),
+                             top_local=top_local)
     except pmap_nested.CrossingAxis as found:
+      _check_crossing(options, found, crossing, names)
       if all(split in splits for split in found.splits):
         raise ValueError(
             f"pmap: a nested pmap's inputs hold {found.local} positions of "
@@ -166,7 +180,59 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
             f"several processes give the nested pmaps at one depth the same "
             f"axis_size (docs/multiprocess.md).") from None
       crossing[found.depth] = (found.local, found.size)
+      names[found.depth] = found.axis_name
       splits.update((split, found.depth) for split in found.splits)
+    except ValueError:
+      if devices_error is None:
+        raise
+      raise devices_error from None
+    else:
+      if devices_error is not None:
+        raise devices_error
+      return program
+
+
+def _trace_of_whole_arrays(options, call, shapes, dtypes, lays_out):
+  """The `Program`, for a user's graph, of inputs of the whole `shapes`.
+
+  A DTensor traces with its whole shape, every nested axis's included, so
+  no nested pmap finds a part of its axis; with several processes its
+  layout, not its blocks in each process, says where it lies.
+  """
+  axes, size = options.args.axes_and_size(call.in_axes, shapes, call.paths)
+  local, total = options.process_share()
+  # The devices of the process's share of the outermost axis, at least one
+  # where a nested axis crossing processes leaves it less than a position.
+  devices = options.mesh_devices(max(1, size * local // total))
+  return _trace_whole(options, call, axes, size, shapes, shapes, devices,
+                      dtypes, in_user_graph=True, lays_out=lays_out,
+                      parts=False, crossing={}, top_local=size)
+
+
+def _check_crossing(options, found, crossing, names):
+  """Raises if the crossing axis `found` cannot join those in `crossing`."""
+  if options.devices is not None:
+    raise ValueError(
+        f"pmap: the nested pmap over axis {found.axis_name!r} has global "
+        f"size {found.size}, of which its inputs hold {found.local} "
+        f"positions, so its axis crosses processes; an axis crossing "
+        f"processes needs the outermost pmap without devices=. Leave "
+        f"devices= out: the nested pmaps' axes then form a grid over "
+        f"tfspmd.devices() in process order (outer axis slowest), and each "
+        f"process passes, for each mapped input, the block of it that its "
+        f"own devices hold (docs/multiprocess.md).")
+  if crossing.get(found.depth, (found.local, found.size)) != (found.local,
+                                                              found.size):
+    local, size = crossing[found.depth]
+    raise ValueError(
+        f"pmap: the nested pmaps over axes {names[found.depth]!r} and "
+        f"{found.axis_name!r} run at one depth, so they share a mesh "
+        f"dimension, but their axes cross processes differently: the "
+        f"inputs of {names[found.depth]!r} hold {local} of its {size} "
+        f"positions, those of {found.axis_name!r} {found.local} of "
+        f"{found.size}. Give the nested pmaps at one depth the same "
+        f"axis_size, and pass each the same positions of it "
+        f"(docs/multiprocess.md).")
 
 
 def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
@@ -182,7 +248,7 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
       mesh_axes=[(options.axis_name, size, top_dim)],
       max_devices=len(devices) if options.devices is None else size,
       devices=tuple(devices), lays_out=lays_out, parts=parts,
-      crossing=crossing)
+      crossing=crossing, given_devices=options.devices is not None)
   rebuild = call.rebuilder()
   built = {}
 

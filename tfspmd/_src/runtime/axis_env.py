@@ -74,6 +74,8 @@ class TraceState:
       this process's positions only (`pmap_nested.CrossingAxis`).
     crossing: depth -> `(local, global)` sizes of each nested axis found
       by earlier traces to cross processes.
+    given_devices: Whether the top-level pmap was given `devices=`: its
+      nested pmaps' grid is then not over `tfspmd.devices()`.
   """
   mesh_axes: list
   max_devices: int
@@ -82,6 +84,7 @@ class TraceState:
   lays_out: bool = True
   parts: bool = False
   crossing: dict = dataclasses.field(default_factory=dict)
+  given_devices: bool = False
   # A per-device tensor's `Origin`, and a nested pmap result's splits
   # `{axis: mesh_dim}`, by the tensor's `ref()`.
   _origins: dict = dataclasses.field(default_factory=dict)
