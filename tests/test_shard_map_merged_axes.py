@@ -100,7 +100,7 @@ def test_each_device_gets_its_block_by_its_mesh_position():
      lambda x: x[:, :2] + x[:, 2:]),
     (P("b", ("c", "a")), P(None, ("c", "a")), (4, 8),
      lambda x: x[:2] + x[2:]),
-], ids=str)
+], ids=["rows_over_a_c", "columns_over_c_a"])
 def test_an_output_leaving_an_axis_out_lies_over_the_others(
     in_spec, out_spec, x_shape, expected):
   mesh = tfspmd.make_mesh((2, 2, 2), ("a", "b", "c"))
