@@ -39,13 +39,18 @@ for _ in range(2):
 """
 
 
-def _run(**flags):
+def _run_source(source):
+  """The lines `source` prints, run in a process of its own."""
   env = dict(os.environ, TFSPMD_NUM_CPU_DEVICES="8", TF_CPP_MIN_LOG_LEVEL="3")
-  source = _PROGRAM.format(**{k: repr(v) for k, v in flags.items()})
   run = subprocess.run([sys.executable, "-c", source], env=env,
                        capture_output=True, text=True, timeout=120)
   assert run.returncode == 0, run.stderr[-3000:]
   return run.stdout.splitlines()
+
+
+def _run(**flags):
+  return _run_source(
+      _PROGRAM.format(**{k: repr(v) for k, v in flags.items()}))
 
 
 def _check_later_calls(lines):
@@ -107,10 +112,7 @@ for k in range(3):
     reason="a failed program's error comes back at the wait of a later "
     "program's call: the replaced DTensor device's executors keep it")
 def test_loop_programs_after_a_failed_one_run():
-  env = dict(os.environ, TFSPMD_NUM_CPU_DEVICES="8", TF_CPP_MIN_LOG_LEVEL="3")
-  run = subprocess.run([sys.executable, "-c", _LOOPS_AFTER_A_FAILURE],
-                       env=env, capture_output=True, text=True, timeout=120)
-  assert run.returncode == 0, run.stderr[-2000:]
+  lines = _run_source(_LOOPS_AFTER_A_FAILURE)
   # v <- v * (1 + k) + 8 v, (2 + k) times, from 1.
   expected = [(9.0 + k) ** (2 + k) for k in range(3)]
-  np.testing.assert_allclose([float(v) for v in run.stdout.split()], expected)
+  np.testing.assert_allclose([float(v) for v in lines], expected)
