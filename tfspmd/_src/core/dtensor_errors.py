@@ -11,6 +11,8 @@ import re
 
 import tensorflow as tf
 
+from tfspmd._src.core import tf_internal
+
 _DIAGNOSTIC = re.compile(r"error: 'tf\.(\w+)' op ([^\n\[]*)")
 
 _NO_LAYOUT = "does not implement layout propagation"
@@ -53,6 +55,18 @@ def _expansion_failure(error, axis_name):
       f"compute the op outside the mapped function.")
 
 
+def _names_taken(error, axis_name):
+  """A RuntimeError for DTensor's names taken at every try (`flat_caller`)."""
+  name = re.search(r"Cannot add function '([^']*)'", error.message).group(1)
+  return RuntimeError(
+      f"DTensor (TF {tf.__version__}) could not lower the function mapped "
+      f"over axis {axis_name!r}: {tf_internal.RELOWERINGS + 1} times in a "
+      f"row, a name it gave a function it made of the program's loops or "
+      f"branches (last {name!r}) was already taken by an earlier program's "
+      f"function. Nothing ran and arrays computed before stay valid; calling "
+      f"it again lowers it under new names.")
+
+
 def explain(error, axis_name):
   """A ValueError for `error` naming the op DTensor refused, or None.
 
@@ -60,6 +74,8 @@ def explain(error, axis_name):
     error: A `tf.errors.OpError` raised by the first run of a program.
     axis_name: The pmap's axis name, for the message.
   """
+  if tf_internal.name_taken(error):
+    return _names_taken(error, axis_name)
   match = _DIAGNOSTIC.search(error.message)
   if match is None:
     return _expansion_failure(error, axis_name)

@@ -301,21 +301,71 @@ def flat_caller(concrete_function, captured):
   while its steady calls took the same time with or without them. The
   options are otherwise those TensorFlow passes to every function call when
   the caller is made.
+
+  DTensor may give a function it makes of a loop or a branch a name that an
+  earlier program's function already has (`name_taken`): such a call is
+  made again through a function of a new name, which DTensor lowers anew.
   """
-  call_flat = concrete_function._call_flat  # pylint: disable=protected-access
   eager = _context.context()
   options = _without_grappler(eager.function_call_options)
+  # `(call_flat, captured)` of the function called, None until renamed after
+  # DTensor met a name already taken.
+  target = [(concrete_function._call_flat, captured)]  # pylint: disable=protected-access
 
   def call(*tensors):
     local = eager._thread_local_data  # pylint: disable=protected-access
     saved = local.function_call_options
     local.function_call_options = options
     try:
-      return call_flat(list(tensors), captured)
+      for attempt in range(RELOWERINGS + 1):
+        if target[0] is None:
+          target[0] = _renamed(concrete_function, captured)
+        call_flat, inputs = target[0]
+        try:
+          return call_flat(list(tensors), inputs)
+        except _errors_impl.InvalidArgumentError as e:
+          if not name_taken(e):
+            raise
+          # DTensor keeps what it made of a function that failed to lower:
+          # the next try, now or at a later call, goes through a new one.
+          target[0] = None
+          if attempt == RELOWERINGS:
+            raise
     finally:
       local.function_call_options = saved
 
   return call
+
+
+# DTensor (TF 2.21) names the functions it outlines from a program's loops
+# and branches (`while5_body`) after its ops, with a counter it shares with
+# every program it lowered before, and it can hand a new op an earlier op's
+# name (its names are cached by the op's address, which a new op may reuse).
+# The function goes into the process's one function library, which refuses
+# a second function of that name. A program lowered again gets new names.
+_NAME_TAKEN = re.compile(r"Cannot add function '[^']*' because a different "
+                         r"function with the same name already exists")
+RELOWERINGS = 3
+
+
+def name_taken(error):
+  """Whether `error` says DTensor made a function of a name already taken."""
+  return bool(_NAME_TAKEN.search(str(error)))
+
+
+def _renamed(concrete_function, captured):
+  """`(call_flat, captured)` of a new function that calls `concrete_function`.
+
+  DTensor lowers a function once per name and input signature; one of a new
+  name is lowered from the start, its loops given names not yet handed out.
+  """
+  arguments = concrete_function.inputs[:len(concrete_function.inputs) -
+                                       len(captured)]
+  specs = [tf.TensorSpec(t.shape, t.dtype) for t in arguments]
+  calling = tf.function(
+      lambda *tensors: concrete_function._call_flat(list(tensors), captured),  # pylint: disable=protected-access
+      jit_compile=True, autograph=False).get_concrete_function(*specs)
+  return calling._call_flat, calling.captured_inputs  # pylint: disable=protected-access
 
 
 def _without_grappler(options):

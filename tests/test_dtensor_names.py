@@ -1,0 +1,103 @@
+"""A program DTensor names a function for with a name already taken still runs.
+
+DTensor (TF 2.21) names the functions it makes of a program's loops after
+the loop op with a counter all programs share (`while_body`, `while1_body`,
+...) and may hand out a name an earlier program's function has; the
+process's one function library then refuses the new function. tfspmd lowers
+such a program again under a new name. Each case runs in a new process, where
+the names DTensor hands out start again from `while_body`, takes some of them
+first, and checks the results against NumPy.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from child_process import run_python
+
+# A step with a replicated carry: its loop is one DTensor makes a function of;
+# the second call (carry from the first) lowers the program a second time.
+_PROGRAM = """
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context
+import tfspmd
+from tfspmd import lax
+
+def take(name):
+  function_def = tf.function(lambda v: v * 3.0).get_concrete_function(
+      tf.TensorSpec([], tf.float32)).function_def
+  function_def.signature.name = name
+  context.context().add_function_def(function_def)
+
+for k in range({taken}):
+  for part in ("body", "cond"):
+    take(("while" if k == 0 else f"while{{k}}") + "_" + part)
+
+def step(w, x):
+  g = lax.pmean(w * x, "i")
+  return w - 0.1 * g, tf.reduce_sum(g)
+
+train = tfspmd.pmap(step, "i", steps=3, in_axes=(None, 0), out_axes=(None, 0))
+x = np.arange(96, dtype=np.float32).reshape(8, 3, 4) / 96
+before = tfspmd.pmap(lambda v: v * 2, "i")(np.ones((8, 2), np.float32))
+w = np.ones(4, np.float32)
+for call in range(2):
+  try:
+    w, losses = train(w, x)
+  except RuntimeError as e:
+    print("ERROR", " ".join(str(e).split()))
+    w, losses = train(w, x)
+  print("W", np.asarray(w).tolist())
+  print("LOSSES", np.asarray(losses).tolist())
+print("BEFORE", np.asarray(before).tolist())
+print("NAMES", sorted(n for n in context.context().list_function_names()
+                      if n.endswith("_body") and not n[-1].isdigit()))
+"""
+
+
+def _expected():
+  """Weights and per-step sums after each of two calls of 3 steps, from NumPy."""
+  x = np.arange(96, dtype=np.float64).reshape(8, 3, 4) / 96
+  w, out = np.ones(4), []
+  for _ in range(2):
+    losses = np.zeros((8, 3))
+    for t in range(3):
+      g = (w * x[:, t]).mean(axis=0)
+      losses[:, t] = g.sum()
+      w = w - 0.1 * g
+    out.append((w.copy(), losses))
+  return out
+
+
+def _check(lines):
+  results = [line.split(" ", 1) for line in lines if not line.startswith(
+      ("ERROR", "NAMES"))]
+  values = {}
+  for key, text in results:
+    values.setdefault(key, []).append(np.array(eval(text)))  # pylint: disable=eval-used
+  for (w, losses), got_w, got_losses in zip(_expected(), values["W"],
+                                             values["LOSSES"]):
+    np.testing.assert_allclose(got_w, w, rtol=1e-5)
+    np.testing.assert_allclose(got_losses, losses, rtol=1e-5)
+  np.testing.assert_array_equal(values["BEFORE"][0], np.full((8, 2), 2.0))
+
+
+def test_a_name_taken_is_left_for_a_new_one():
+  lines = run_python(_PROGRAM.format(taken=1)).stdout.splitlines()
+  _check(lines)
+  assert not [line for line in lines if line.startswith("ERROR")]
+  # The program's loop came back under the next name DTensor handed out.
+  assert "while1_body" in lines[-1], lines[-1]
+
+
+def test_names_taken_at_every_try_raise_one_error_and_the_next_call_runs():
+  lines = run_python(_PROGRAM.format(taken=5)).stdout.splitlines()
+  _check(lines)
+  errors = [line for line in lines if line.startswith("ERROR")]
+  assert errors == [
+      f"ERROR DTensor (TF {tf.__version__}) could not lower the function "
+      "mapped over "
+      "axis 'i': 4 times in a row, a name it gave a function it made of the "
+      "program's loops or branches (last 'while3_cond') was already taken by "
+      "an earlier program's function. Nothing ran and arrays computed before "
+      "stay valid; calling it again lowers it under new names."]
