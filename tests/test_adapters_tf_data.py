@@ -1,8 +1,5 @@
 """tfspmd.adapters.tf_data: global batches become per-device batches on the devices."""
 
-import os
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -11,6 +8,8 @@ import tensorflow as tf
 
 import tfspmd
 from tfspmd.adapters import tf_data
+
+from child_process import run_python
 
 
 def global_batches(size, batch, features=3):
@@ -259,10 +258,7 @@ def test_placing_batches_in_a_thread_while_programs_compile():
   # DTensor's device corrupted a mutex and aborted the process when a
   # program's first call and a placement ran in two threads at once: this
   # runs a dozen first calls while batches are placed in a thread.
-  env = dict(os.environ, TFSPMD_NUM_CPU_DEVICES="8", TF_CPP_MIN_LOG_LEVEL="3")
-  run = subprocess.run([sys.executable, "-c", _PLACING_WHILE_COMPILING],
-                       env=env, capture_output=True, text=True, timeout=300)
-  assert run.returncode == 0, run.stderr[-3000:]
+  run = run_python(_PLACING_WHILE_COMPILING, timeout=300)
   # v <- v * (k + 1) + 8 v twice, from 1.
   expected = [(k + 9.0) ** 2 for k in range(12)]
   np.testing.assert_allclose([float(v) for v in run.stdout.split()], expected)

@@ -8,8 +8,6 @@ its note can go; a race that a machine may not show is not.
 """
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,6 +15,8 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 import tfspmd  # noqa: F401  (makes the 8 logical CPU devices)
+
+from child_process import run_python
 
 
 @pytest.mark.xfail(
@@ -86,11 +86,7 @@ print(rss() - before)
     reason="DTensor (TF 2.21) leaks about 0.8 KB of native memory per call of "
     "a function with an all-reduce (tfspmd's pmaps with psum/pmean included)")
 def test_dtensor_all_reduce_calls_keep_memory_flat():
-  env = dict(os.environ, TFSPMD_NUM_CPU_DEVICES="8",
-             TF_CPP_MIN_LOG_LEVEL="3")
-  run = subprocess.run([sys.executable, "-c", _LEAK_PROGRAM], env=env,
-                       capture_output=True, text=True, check=True,
-                       timeout=300)
+  run = run_python(_LEAK_PROGRAM, timeout=300)
   growth = int(run.stdout.split()[-1])
   assert growth < 2 ** 20, f"4000 calls grew RSS by {growth / 2 ** 20:.1f} MiB"
 
@@ -117,8 +113,6 @@ for left, right in [((4, 1, 8, 2), (2, 16)), ((4, 1, 8, 8), (1, 8, 16)),
     reason="TensorFlow's oneDNN batched matmul (TF 2.21, CPU) corrupts memory "
     "for a left operand [B, 1, M, K] by a broadcast right operand")
 def test_batched_matmul_of_a_size_one_batch_axis_by_a_broadcast_operand():
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="1")
-  run = subprocess.run([sys.executable, "-c", _BROADCAST_MATMUL_PROGRAM],
-                       env=env, capture_output=True, text=True, check=False,
-                       timeout=300)
+  run = run_python(_BROADCAST_MATMUL_PROGRAM, timeout=300, check=False,
+                   TF_ENABLE_ONEDNN_OPTS="1")
   assert run.returncode == 0, run.stderr[-2000:]

@@ -5,12 +5,10 @@ crashed the process, TF 2.21), so each case runs in its own process and
 checks that the process ends normally.
 """
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
+
+from child_process import run_python
 
 _PROGRAM = """
 import numpy as np
@@ -41,11 +39,7 @@ for _ in range(2):
 
 def _run_source(source):
   """The lines `source` prints, run in a process of its own."""
-  env = dict(os.environ, TFSPMD_NUM_CPU_DEVICES="8", TF_CPP_MIN_LOG_LEVEL="3")
-  run = subprocess.run([sys.executable, "-c", source], env=env,
-                       capture_output=True, text=True, timeout=120)
-  assert run.returncode == 0, run.stderr[-3000:]
-  return run.stdout.splitlines()
+  return run_python(source).stdout.splitlines()
 
 
 def _run(**flags):
@@ -88,6 +82,15 @@ import pytest
 import tensorflow as tf
 import tfspmd
 from tfspmd import lax
+from tfspmd._src.core import dtensor_settings
+
+if {per_device_functions}:
+  # As programs on GPUs or over several processes run: DTensor expands them
+  # into one function per device.
+  chosen = dtensor_settings.for_program
+  dtensor_settings.for_program = lambda *args, **kwargs: tuple(
+      name for name in chosen(*args, **kwargs)
+      if name != dtensor_settings.MULTI_DEVICE_EXPANSION)
 
 def failing(x):
   x = tf.while_loop(lambda i, v: i < 2, lambda i, v: (i + 1, v * 2), (0, x))[1]
@@ -107,12 +110,22 @@ for k in range(3):
 """
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="a failed program's error comes back at the wait of a later "
-    "program's call: the replaced DTensor device's executors keep it")
-def test_loop_programs_after_a_failed_one_run():
-  lines = _run_source(_LOOPS_AFTER_A_FAILURE)
+def _check_loops_after_a_failure(per_device_functions):
+  lines = _run_source(_LOOPS_AFTER_A_FAILURE.format(
+      per_device_functions=per_device_functions))
   # v <- v * (1 + k) + 8 v, (2 + k) times, from 1.
   expected = [(9.0 + k) ** (2 + k) for k in range(3)]
   np.testing.assert_allclose([float(v) for v in lines], expected)
+
+
+def test_loop_programs_after_a_failed_one_run():
+  _check_loops_after_a_failure(per_device_functions=False)
+
+
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="expanded into one function per device (GPU, several processes), "
+    "a failed program's error comes back at the wait of a later program's "
+    "call: the replaced DTensor device's executors keep it")
+def test_loop_programs_in_functions_per_device_after_a_failed_one_run():
+  _check_loops_after_a_failure(per_device_functions=True)
