@@ -82,15 +82,6 @@ import pytest
 import tensorflow as tf
 import tfspmd
 from tfspmd import lax
-from tfspmd._src.core import dtensor_settings
-
-if {per_device_functions}:
-  # As programs on GPUs or over several processes run: DTensor expands them
-  # into one function per device.
-  chosen = dtensor_settings.for_program
-  dtensor_settings.for_program = lambda *args, **kwargs: tuple(
-      name for name in chosen(*args, **kwargs)
-      if name != dtensor_settings.MULTI_DEVICE_EXPANSION)
 
 def failing(x):
   x = tf.while_loop(lambda i, v: i < 2, lambda i, v: (i + 1, v * 2), (0, x))[1]
@@ -110,22 +101,12 @@ for k in range(3):
 """
 
 
-def _check_loops_after_a_failure(per_device_functions):
-  lines = _run_source(_LOOPS_AFTER_A_FAILURE.format(
-      per_device_functions=per_device_functions))
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="a failed program's error comes back at the wait of a later "
+    "program's call: the replaced DTensor device's executors keep it")
+def test_loop_programs_after_a_failed_one_run():
+  lines = _run_source(_LOOPS_AFTER_A_FAILURE)
   # v <- v * (1 + k) + 8 v, (2 + k) times, from 1.
   expected = [(9.0 + k) ** (2 + k) for k in range(3)]
   np.testing.assert_allclose([float(v) for v in lines], expected)
-
-
-def test_loop_programs_after_a_failed_one_run():
-  _check_loops_after_a_failure(per_device_functions=False)
-
-
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="expanded into one function per device (GPU, several processes), "
-    "a failed program's error comes back at the wait of a later program's "
-    "call: the replaced DTensor device's executors keep it")
-def test_loop_programs_in_functions_per_device_after_a_failed_one_run():
-  _check_loops_after_a_failure(per_device_functions=True)

@@ -21,11 +21,13 @@ traced before.
   a user's own non-XLA tf.function that calls a pmap with a psum in a
   `tf.range` loop never returns under it (TF 2.21), and a function first
   run under it hangs when later run without it, so each program runs under
-  the same switches every time. Programs with a loop get it too (a
-  10-step MLP training call: 189-194 -> 133-173 ms, alternating runs of
-  benchmarks/steps_per_call.py); the names DTensor gives the functions it
-  makes of their loops may be taken (`tf_internal.flat_caller` lowers the
-  program again under new ones).
+  the same switches every time. Not for programs with a loop (a `While`
+  op: tf.while_loop, tf.scan, `steps=`), the long calls (training steps):
+  under it, waiting for a program's results holds Python's GIL until they
+  are computed (DTensor's unpack, TF 2.21), so every other Python thread
+  (a tf.data thread placing the next batches) stops meanwhile; without it,
+  the eager executor's wait lets them run. Under it a 10-step MLP training
+  call measured 133-173 ms against 189-194 ms without.
 - `LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2`: DTensor's all-gather
   becomes a `CollectiveGatherV2`, which sends (n-1) m per device, instead
   of an all-reduce of a zero-padded n m buffer, which sends 2(n-1) m (1 MiB
@@ -50,6 +52,7 @@ MULTI_DEVICE_EXPANSION = "DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION"
 COLLECTIVE_GATHER = "LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2"
 _OFF = ("0", "false", "no", "off", "")
 _WIDE_UNSIGNED = (types_pb2.DT_UINT32, types_pb2.DT_UINT64)
+_LOOP_OPS = ("While", "StatelessWhile")
 
 _lock = threading.Lock()
 
@@ -84,7 +87,7 @@ def for_program(devices, mesh_rank, process_count, graph_def,
     mesh_rank: The number of dimensions of its mesh.
     process_count: How many processes run it.
     graph_def: Its `GraphDef` (with the function library), or None for a
-      program without wide unsigned integers.
+      program without loops or wide unsigned integers.
     user_set: The switches the user set (default: those in `os.environ`
       now).
 
@@ -101,7 +104,8 @@ def for_program(devices, mesh_rank, process_count, graph_def,
   if user_set is None:
     user_set = user_settings(os.environ)
   chosen = []
-  if {d.platform for d in devices} == {"cpu"} and process_count == 1:
+  if ({d.platform for d in devices} == {"cpu"} and process_count == 1 and
+      not _has_loop(graph_def)):
     chosen.append(MULTI_DEVICE_EXPANSION)
   if (mesh_rank == 1 and in_id_order(devices) and
       not _has_wide_unsigned(graph_def)):
@@ -128,6 +132,10 @@ def nodes(graph_def):
   for function in graph_def.library.function:
     nodes.extend(function.node_def)
   return nodes
+
+
+def _has_loop(graph_def):
+  return any(node.op in _LOOP_OPS for node in nodes(graph_def))
 
 
 def _has_wide_unsigned(graph_def):

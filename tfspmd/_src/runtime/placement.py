@@ -259,7 +259,10 @@ def components(value):
 
   DTensor's unpack waits for a value still being computed holding the GIL
   (TF 2.21): every other Python thread would stop for as long. The eager
-  executor's wait releases it, so it waits first.
+  executor's wait releases it, so it waits first; it covers the values of
+  a program DTensor runs as one function per device, not those of one
+  under its multi-device expansion (`dtensor_settings`), for which unpack
+  still holds the GIL until they are computed.
   """
   tf_internal.wait_for_pending_ops()
   with dtensor_device.entry:
