@@ -18,7 +18,6 @@ from tensorflow.experimental import dtensor
 
 from tfspmd._src.arguments import arguments
 from tfspmd._src.core import multiprocess_hooks
-from tfspmd._src.core import tf_internal
 from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import dtensor_device
 from tfspmd._src.runtime import mesh as mesh_lib
@@ -302,7 +301,7 @@ def block_until_ready(x: Any) -> Any:
     >>> tfspmd.block_until_ready((out, 1))[0] is out
     True
   """
-  tf_internal.wait_for_pending_ops()
+  dtensor_device.wait_for_programs()
   for leaf in tree.flatten(x)[0]:
     if isinstance(leaf, ShardedArray):
       leaf.block_until_ready()

@@ -27,7 +27,10 @@ traced before.
   are computed (DTensor's unpack, TF 2.21), so every other Python thread
   (a tf.data thread placing the next batches) stops meanwhile; without it,
   the eager executor's wait lets them run. Under it a 10-step MLP training
-  call measured 133-173 ms against 189-194 ms without.
+  call measured 133-173 ms against 189-194 ms without. After a program
+  failed in the process, programs with a loop get it too: run as one
+  function per device, they would be cancelled with the failed program's
+  error (TF 2.21).
 - `LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2`: DTensor's all-gather
   becomes a `CollectiveGatherV2`, which sends (n-1) m per device, instead
   of an all-reduce of a zero-padded n m buffer, which sends 2(n-1) m (1 MiB
@@ -79,7 +82,7 @@ def user_settings(environ):
 
 
 def for_program(devices, mesh_rank, process_count, graph_def,
-                user_set=None):
+                user_set=None, after_a_failure=False):
   """The switches a program runs with (a tuple of variable names).
 
   Args:
@@ -90,6 +93,8 @@ def for_program(devices, mesh_rank, process_count, graph_def,
       program without loops or wide unsigned integers.
     user_set: The switches the user set (default: those in `os.environ`
       now).
+    after_a_failure: Whether a program failed on DTensor's device in this
+      process before (`dtensor_device.generation`).
 
   Example:
     >>> import tfspmd
@@ -105,7 +110,7 @@ def for_program(devices, mesh_rank, process_count, graph_def,
     user_set = user_settings(os.environ)
   chosen = []
   if ({d.platform for d in devices} == {"cpu"} and process_count == 1 and
-      not _has_loop(graph_def)):
+      (after_a_failure or not _has_loop(graph_def))):
     chosen.append(MULTI_DEVICE_EXPANSION)
   if (mesh_rank == 1 and in_id_order(devices) and
       not _has_wide_unsigned(graph_def)):

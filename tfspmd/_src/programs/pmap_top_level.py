@@ -16,7 +16,6 @@ from tfspmd._src.core import dtensor_errors
 from tfspmd._src.core import dtensor_settings
 from tfspmd._src.core import multiprocess_hooks
 from tfspmd._src.core import run_errors
-from tfspmd._src.core import tf_internal
 from tfspmd._src.core.config import config
 from tfspmd._src.programs import pmap_trace
 from tfspmd._src.rewrites import side_effects
@@ -121,10 +120,7 @@ def run(program, values, axis_name):
           with dtensor.default_mesh(program.mesh):
             outputs = program.function()
       if program.may_fail:
-        tf_internal.wait_for_pending_ops()
-        with dtensor_device.entry:
-          for output in outputs:
-            dtensor.unpack(output)
+        dtensor_device.components(outputs)
       count = len(program.output_placements)
       if program.effects:
         effects = pmap_trace.effect_values(program, [

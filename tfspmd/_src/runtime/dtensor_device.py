@@ -16,6 +16,13 @@ program that ran on a replaced device cannot run on the new one (the
 functions DTensor made of it keep their names there): `generation` tells the
 caches to trace again.
 
+The new device does not undo everything (TF 2.21): the eager executor's
+wait raises the failure again at every later wait (`wait_for_programs`
+leaves it to the values waited on), and a later program DTensor runs as one
+function per device is cancelled with it, so on CPUs programs traced after
+a failure run under DTensor's multi-device expansion
+(`dtensor_settings.for_program`).
+
 DTensor's device is not safe to enter from two threads at once (TF 2.21): a
 program's first call while another thread placed batches on the devices
 corrupted a mutex and aborted the process. Every call tfspmd makes into it,
@@ -24,6 +31,7 @@ in whichever thread, holds `entry`.
 
 import threading
 
+import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.core import tf_internal
@@ -48,6 +56,48 @@ def replace():
       _replaced[old.name] = old
     tf_internal.new_dtensor_device()
     _generation += 1
+
+
+def wait_for_programs():
+  """Waits for the programs called so far; other Python threads run meanwhile.
+
+  Once a failure replaced the device, the eager executor's wait raises that
+  failure again at every later wait (the replaced device's executors keep
+  it, TF 2.21), whatever ran since. From then on an error of this wait is
+  not taken as the caller's: it is returned (None if the wait was clean),
+  and the caller's own values tell (`components`).
+  """
+  try:
+    tf_internal.wait_for_pending_ops()
+  except tf.errors.OpError as e:
+    if not _generation:
+      raise
+    return e
+  return None
+
+
+def components(values):
+  """The per-device tensors of each DTensor of `values`, once computed.
+
+  DTensor's unpack waits for a value still being computed holding the GIL
+  (TF 2.21): every other Python thread would stop for as long. The eager
+  executor's wait releases it, so it waits first; it covers the values of
+  a program DTensor runs as one function per device, not those of one
+  under its multi-device expansion (`dtensor_settings`), for which unpack
+  still holds the GIL until they are computed.
+
+  A program that failed on some devices is cancelled on the others: a
+  value's unpack may report the cancellation where the wait reported the
+  failure itself, which is then the error raised.
+  """
+  waited = wait_for_programs()
+  try:
+    with entry:
+      return [dtensor.unpack(value) for value in values]
+  except tf.errors.CancelledError:
+    if waited is not None:
+      raise waited from None
+    raise
 
 
 def current(value):

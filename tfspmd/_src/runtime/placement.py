@@ -18,7 +18,6 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from tfspmd._src.core import tf_internal
 from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import dtensor_device
 
@@ -257,16 +256,10 @@ def renamed_layout(layout, mesh):
 def components(value):
   """`dtensor.unpack(value)`, the per-device tensors, once they are computed.
 
-  DTensor's unpack waits for a value still being computed holding the GIL
-  (TF 2.21): every other Python thread would stop for as long. The eager
-  executor's wait releases it, so it waits first; it covers the values of
-  a program DTensor runs as one function per device, not those of one
-  under its multi-device expansion (`dtensor_settings`), for which unpack
-  still holds the GIL until they are computed.
+  Other Python threads run during the wait where they can
+  (`dtensor_device.components`).
   """
-  tf_internal.wait_for_pending_ops()
-  with dtensor_device.entry:
-    return dtensor.unpack(value)
+  return dtensor_device.components([value])[0]
 
 
 def repack(value, placement):
