@@ -91,13 +91,13 @@ def test_a_name_taken_is_left_for_a_new_one():
 
 
 def test_names_taken_at_every_try_raise_one_error_and_the_next_call_runs():
-  lines = run_python(_PROGRAM.format(taken=5)).stdout.splitlines()
+  lines = run_python(_PROGRAM.format(taken=9)).stdout.splitlines()
   _check(lines)
   errors = [line for line in lines if line.startswith("ERROR")]
   assert errors == [
       f"ERROR DTensor (TF {tf.__version__}) could not lower the function "
       "mapped over "
-      "axis 'i': 4 times in a row, a name it gave a function it made of the "
-      "program's loops or branches (last 'while3_cond') was already taken by "
+      "axis 'i': 8 times in a row, a name it gave a function it made of the "
+      "program's loops or branches (last 'while7_cond') was already taken by "
       "an earlier program's function. Nothing ran and arrays computed before "
       "stay valid; calling it again lowers it under new names."]
