@@ -9,6 +9,8 @@ import tensorflow as tf
 
 import tfspmd
 
+from child_process import run_python
+
 
 def test_every_device_reads_the_variable_and_sees_later_assignments():
   scale = tf.Variable([1., 2.])
@@ -94,3 +96,41 @@ def test_an_op_whose_size_depends_on_per_device_data_is_named():
   with pytest.raises(ValueError, match="the op Unique \\(Unique\\) gets inputs "
                      "that differ between devices"):
     tfspmd.pmap(lambda v: tf.unique(v)[0][:1])(np.zeros((4, 3), np.float32))
+
+
+# In a process of its own: the failure replaces DTensor's device.
+_READ_IN_A_LOOP_WITH_A_COLLECTIVE = """
+import numpy as np
+import tensorflow as tf
+import tfspmd
+from tfspmd import lax
+
+rate = tf.Variable(np.full(4, 0.1, np.float32))
+descend = tfspmd.pmap(lambda v: tf.while_loop(
+    lambda k, a: k < 3, lambda k, a: (k + 1, a - rate * lax.pmean(a, "i")),
+    (0, v))[1], "i")
+print(np.asarray(descend(np.ones((8, 4), np.float32))).tolist())
+"""
+
+
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="a tf.Variable read inside a loop that also has a collective fails "
+    "while it runs (TF 2.21: Collective ops is aborted by: "
+    "BufRendezvous::ProvideBuf already called); passing the variable's value "
+    "as an argument works")
+def test_a_read_inside_a_loop_with_a_collective():
+  run = run_python(_READ_IN_A_LOOP_WITH_A_COLLECTIVE, check=False)
+  assert run.returncode == 0, run.stderr[-2000:]
+  # a <- a - 0.1 mean(a) three times, from ones: every element 0.9 ** 3.
+  np.testing.assert_allclose(eval(run.stdout), np.full((8, 4), 0.9 ** 3),  # pylint: disable=eval-used
+                             rtol=1e-6)
+
+
+def test_a_value_passed_in_is_read_inside_a_loop_with_a_collective():
+  rate = tf.Variable(np.full(4, 0.1, np.float32))
+  descend = tfspmd.pmap(lambda v, r: tf.while_loop(
+      lambda k, a: k < 3, lambda k, a: (k + 1, a - r * tfspmd.lax.pmean(a, "i")),
+      (0, v))[1], "i", in_axes=(0, None))
+  np.testing.assert_allclose(descend(np.ones((8, 4), np.float32), rate),
+                             np.full((8, 4), 0.9 ** 3), rtol=1e-6)
