@@ -3,6 +3,8 @@
 The expected values are NumPy arithmetic on the same numbers.
 """
 
+import subprocess
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -116,11 +118,15 @@ print(np.asarray(descend(np.ones((8, 4), np.float32))).tolist())
 @pytest.mark.xfail(
     strict=True, raises=AssertionError,
     reason="a tf.Variable read inside a loop that also has a collective fails "
-    "while it runs (TF 2.21: Collective ops is aborted by: "
+    "or hangs while it runs (TF 2.21: Collective ops is aborted by: "
     "BufRendezvous::ProvideBuf already called); passing the variable's value "
     "as an argument works")
 def test_a_read_inside_a_loop_with_a_collective():
-  run = run_python(_READ_IN_A_LOOP_WITH_A_COLLECTIVE, check=False)
+  try:
+    run = run_python(_READ_IN_A_LOOP_WITH_A_COLLECTIVE, check=False,
+                     timeout=60)
+  except subprocess.TimeoutExpired as e:
+    raise AssertionError("the program did not end in 60 s") from e
   assert run.returncode == 0, run.stderr[-2000:]
   # a <- a - 0.1 mean(a) three times, from ones: every element 0.9 ** 3.
   np.testing.assert_allclose(eval(run.stdout), np.full((8, 4), 0.9 ** 3),  # pylint: disable=eval-used

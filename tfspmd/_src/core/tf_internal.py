@@ -352,6 +352,8 @@ _NAME_TAKEN = re.compile(r"Cannot add function '[^']*' because a different "
                          r"function with the same name already exists")
 RELOWERINGS = 7
 _NOTHING_HELD = contextlib.nullcontext()
+_BLOCKS_TO_HOLD = ([(size, 16) for size in range(16, 1024, 16)] +
+                   [(size, 2) for size in range(1024, 16385, 32)])
 
 
 @contextlib.contextmanager
@@ -365,8 +367,12 @@ def _freed_blocks_held():
   blocks = []
   try:
     if _libc is not None:
-      blocks = [_libc.malloc(size) for size in range(16, 1024, 16)
-                for _ in range(16)]
+      # Small sizes come back from per-size lists, larger ones from the
+      # best fitting free block: 16 of each small size, 2 of each larger one
+      # up to 16 KiB (a loop op with many carried values is a few KiB);
+      # about 8.5 MiB, for the retry only.
+      blocks = [_libc.malloc(size)
+                for size, count in _BLOCKS_TO_HOLD for _ in range(count)]
     yield
   finally:
     for block in blocks:
