@@ -9,13 +9,14 @@ test suite runs on.
 """
 
 import contextlib
-import ctypes
 import functools
 import logging
 import re
 import threading
 
 import tensorflow as tf
+
+from tfspmd._src.core import heap_blocks
 
 SUPPORTED_TF_VERSIONS = ("2.21",)
 
@@ -323,7 +324,7 @@ def flat_caller(concrete_function, captured):
           target[0] = _renamed(concrete_function, captured)
         call_flat, inputs = target[0]
         try:
-          with _freed_blocks_held() if attempt else _NOTHING_HELD:
+          with heap_blocks.freed_blocks_held() if attempt else _NOTHING_HELD:
             return call_flat(list(tensors), inputs)
         except _errors_impl.InvalidArgumentError as e:
           if not name_taken(e):
@@ -346,52 +347,12 @@ def flat_caller(concrete_function, captured):
 # freed gets that old name. The function goes into the process's one
 # function library, which refuses a second function of that name. A
 # program lowered again, its ops kept off the freed addresses
-# (`_freed_blocks_held`), gets new names: with 120 programs of one loop
+# (`heap_blocks`), gets new names: with 120 programs of one loop
 # each, 53 failed 8 tries without that and none with it.
 _NAME_TAKEN = re.compile(r"Cannot add function '[^']*' because a different "
                          r"function with the same name already exists")
 RELOWERINGS = 7
 _NOTHING_HELD = contextlib.nullcontext()
-_BLOCKS_TO_HOLD = ([(size, 16) for size in range(16, 1024, 16)] +
-                   [(size, 2) for size in range(1024, 16385, 32)])
-
-
-@contextlib.contextmanager
-def _freed_blocks_held():
-  """Holds the small blocks of memory free in this thread's heap meanwhile.
-
-  The C allocator hands the most recently freed block of a size out first:
-  with them taken, the ops DTensor makes are placed at addresses no earlier
-  op of its had. Without a C `malloc` to call, nothing is held.
-  """
-  blocks = []
-  try:
-    if _libc is not None:
-      # Small sizes come back from per-size lists, larger ones from the
-      # best fitting free block: 16 of each small size, 2 of each larger one
-      # up to 16 KiB (a loop op with many carried values is a few KiB);
-      # about 8.5 MiB, for the retry only.
-      blocks = [_libc.malloc(size)
-                for size, count in _BLOCKS_TO_HOLD for _ in range(count)]
-    yield
-  finally:
-    for block in blocks:
-      _libc.free(block)
-
-
-def _c_library():
-  """The C library's malloc and free, or None where it cannot be loaded."""
-  try:
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype = ctypes.c_void_p
-    libc.malloc.argtypes = [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-  except (OSError, AttributeError, TypeError):
-    return None
-  return libc
-
-
-_libc = _c_library()
 
 
 def name_taken(error):
