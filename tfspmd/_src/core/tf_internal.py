@@ -201,6 +201,28 @@ def set_pfor_converter(operation, converter):
   operation.pfor_converter = lambda pfor_input: converter(OpInputs(pfor_input))
 
 
+def converter_of(operation):
+  """What pfor would call for `operation`, as a converter of an `OpInputs`.
+
+  None where pfor has no converter for it (and copies it only where no
+  input differs between positions).
+  """
+  attached = getattr(operation, "pfor_converter", None)
+  if attached is not None:
+    return lambda op_inputs: attached(op_inputs._pfor_input)  # pylint: disable=protected-access
+  if has_default_pfor_converter(operation.type):
+    return default_pfor_converter(operation.type)
+  return None
+
+
+def with_inputs(op_inputs, values):
+  """`op_inputs` with its inputs replaced by `values` (`ConvertedValue`s)."""
+  pfor_input = op_inputs._pfor_input  # pylint: disable=protected-access
+  return OpInputs(_pfor._PforInput(  # pylint: disable=protected-access
+      pfor_input.pfor, pfor_input.op,
+      [_pfor.wrap(v.tensor, v.stacked) for v in values]))
+
+
 def tracking_wrapper_types():
   """`(list wrapper, dict wrapper)`: what a tf.Module's list and dict become."""
   return _data_structures.ListWrapper, _data_structures._DictWrapper  # pylint: disable=protected-access

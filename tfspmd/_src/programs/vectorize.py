@@ -17,6 +17,7 @@ from tfspmd._src.core import tf_internal
 from tfspmd._src.rewrites import control_flow
 from tfspmd._src.rewrites import converters
 from tfspmd._src.rewrites import dtensor_rewrites
+from tfspmd._src.rewrites import lane_guards
 from tfspmd._src.rewrites import side_effects
 from tfspmd._src.rewrites import variable_writes
 from tfspmd._src.runtime import axis_env
@@ -102,6 +103,10 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
           result = fun(*args, **kwargs)
       except tf.errors.OperatorNotAllowedInGraphError as e:
         raise _python_control_flow_error(e, axis_name) from None
+      leaves, treedef = tree.flatten(result)
+      # Sparse results become dense here, with ops of their own.
+      outputs = [output_tensor(leaf, path) for leaf, path in zip(
+          leaves, tree.leaf_paths(result, "output"))]
       # pfor's own converters for these give what DTensor cannot expand.
       new_ops = graph.get_operations()[first_op:]
       converters.give_converters(new_ops)
@@ -110,9 +115,6 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
           new_ops, lambda op: variable_writes.writes_variable(op.type))
       if write is not None:
         raise variable_writes.write_error(write.type, axis_name)
-      leaves, treedef = tree.flatten(result)
-      outputs = [output_tensor(leaf, path) for leaf, path in zip(
-          leaves, tree.leaf_paths(result, "output"))]
       specs = out_axes_lib.resolve(out_axes, result,
                                    [o.shape.rank for o in outputs])
       traced.update(treedef=treedef, specs=specs, outputs=outputs,
@@ -127,7 +129,7 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
 
   try:
     with side_effects.recording() as effects, \
-        control_flow.remembered_loop_stacking():
+        control_flow.remembered_loop_stacking(), lane_guards.vectorizing():
       stacked = tf_internal.vectorize_loop(loop_fn, size,
                                            control_flow.prepare)
     if traced["anchored"]:

@@ -31,12 +31,15 @@ import contextlib
 import functools
 import threading
 
+import numpy as np
 import tensorflow as tf
 
 from tfspmd._src.core import stacking
 from tfspmd._src.core import static_values
 from tfspmd._src.core import tf_internal
+from tfspmd._src.rewrites import branch_slices
 from tfspmd._src.rewrites import dtensor_rewrites
+from tfspmd._src.rewrites import lane_guards
 from tfspmd._src.rewrites import shape_folding
 from tfspmd._src.rewrites import side_effects
 from tfspmd._src.rewrites import tensor_lists
@@ -187,18 +190,37 @@ def _branch_outputs(op_inputs, graphs, inputs, chosen=None):
   outputs = []
   for k, graph in enumerate(graphs):
     effects = _graph_effects(graph)
-    if not effects or chosen is None:
+    if chosen is None:
       outputs.append(tf_internal.convert_graph_inline(
           op_inputs, graph, inputs, prepare, effects))
       continue
-    with side_effects.branch(chosen[k], (op_inputs.op._id, k)):  # pylint: disable=protected-access
+    with lane_guards.reached_where(chosen[k]), (
+        side_effects.branch(chosen[k], (op_inputs.op._id, k))  # pylint: disable=protected-access
+        if effects else contextlib.nullcontext()):
       outputs.append(tf_internal.convert_graph_inline(
           op_inputs, graph, inputs, prepare, effects))
   return outputs
 
 
-def _merge_branches(op_inputs, chosen, branch_outputs, chooser_stacked):
+def _fake_outputs(graphs):
+  """For each branch, which of its outputs are placeholders of another's.
+
+  A conditional under a tape also returns each branch's intermediates for
+  its gradient; the other branches return a `FakeParam` in their place,
+  never read, since the gradient takes the same branch (TensorFlow's
+  cond_v2 under XLA).
+  """
+  return [[output.op.type == "FakeParam" for output in graph.outputs]
+          for graph in graphs]
+
+
+def _merge_branches(op_inputs, chosen, branch_outputs, chooser_stacked,
+                    fake):
   """Each output: the branch `chosen[k]` (a bool per branch) picks.
+
+  An intermediate only one branch computes is that branch's value as it
+  is: its gradient reads it only where that branch was taken, and a value
+  the same on every device (a shape) stays so.
 
   A predicate the same everywhere is broadcast to the value's shape first:
   DTensor's layout propagation of a select with a scalar predicate crashes
@@ -206,7 +228,16 @@ def _merge_branches(op_inputs, chosen, branch_outputs, chooser_stacked):
   """
   size = op_inputs.loop_size
   merged = []
-  for outputs in zip(*branch_outputs):
+  for index, outputs in enumerate(zip(*branch_outputs)):
+    real = [v for v, placeholders in zip(outputs, fake)
+            if not placeholders[index]]
+    if len(real) == 1:
+      merged.append(tf_internal.wrap_converted(*real[0]))
+      continue
+    same = _same_static_value(real)
+    if same is not None:
+      merged.append(tf_internal.wrap_converted(same, False))
+      continue
     stacked = chooser_stacked or any(v.stacked for v in outputs)
     values = [_repeat(v, size) if stacked else v.tensor for v in outputs]
     result = values[-1]
@@ -237,7 +268,8 @@ def _convert_if(op_inputs):
   truth = tf.cast(predicate.tensor, tf.bool)
   chosen = [truth, tf.logical_not(truth)]
   outputs = _branch_outputs(op_inputs, graphs, values[1:], chosen)
-  return _merged_or_effects(op_inputs, chosen, outputs, predicate.stacked)
+  return _merged_or_effects(op_inputs, graphs, chosen, outputs,
+                            predicate.stacked)
 
 
 def _only_branch(op_inputs, graph, inputs):
@@ -253,11 +285,32 @@ def _only_branch(op_inputs, graph, inputs):
   return [tf_internal.wrap_converted(v.tensor, v.stacked) for v in outputs]
 
 
-def _merged_or_effects(op_inputs, chosen, branch_outputs, chooser_stacked):
+def _same_static_value(values):
+  """The value of all `values` if all are one known when tracing, else None.
+
+  Branches of a gradient give the dense shape of their IndexedSlices as
+  different tensors of one value; picking between them per device would
+  make a shape differ between devices.
+  """
+  if any(v.stacked for v in values):
+    return None
+  known = [static_values.value(v.tensor) for v in values]
+  if any(k is None for k in known) or any(
+      not np.array_equal(k, known[0]) for k in known[1:]):
+    return None
+  return tf.constant(known[0], values[0].tensor.dtype)
+
+
+def _merged_or_effects(op_inputs, graphs, chosen, branch_outputs,
+                       chooser_stacked):
   """`_merge_branches`, or an op for a conditional with only side effects."""
   if not op_inputs.op.outputs:
     return tf.no_op()
-  return _merge_branches(op_inputs, chosen, branch_outputs, chooser_stacked)
+  if chooser_stacked:
+    branch_outputs = branch_slices.merge_ready(graphs, branch_outputs,
+                                               op_inputs.loop_size)
+  return _merge_branches(op_inputs, chosen, branch_outputs, chooser_stacked,
+                         _fake_outputs(graphs))
 
 
 @_do_not_convert
@@ -282,7 +335,7 @@ def _convert_case(op_inputs):
   chosen.append(tf.logical_not(tf.reduce_any(
       tf.stack(chosen, axis=-1), axis=-1)) if chosen else tf.constant(True))
   outputs = _branch_outputs(op_inputs, graphs, values[1:], chosen)
-  return _merged_or_effects(op_inputs, chosen, outputs, index.stacked)
+  return _merged_or_effects(op_inputs, graphs, chosen, outputs, index.stacked)
 
 
 # --- loops -------------------------------------------------------------------
@@ -406,8 +459,10 @@ def _build_loop(op_inputs, operation, cond_graph, body_graph, stacked,
     final = list(final) if isinstance(final, (list, tuple)) else [final]
   else:
     def body(running, *state):
+      with lane_guards.reached_where(running):
+        outputs = body_outputs(state)
       updated = [_select(running, new, old) if s else new
-                 for new, old, s in zip(body_outputs(state), state, stacked)]
+                 for new, old, s in zip(outputs, state, stacked)]
       still = tf.logical_and(
           running, tf.cast(convert(cond_graph, updated)[0].tensor, tf.bool))
       return [still] + updated

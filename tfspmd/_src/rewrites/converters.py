@@ -27,9 +27,11 @@ from tfspmd._src.rewrites import control_flow
 from tfspmd._src.rewrites import conv_gradients
 from tfspmd._src.rewrites import dtensor_rewrites
 from tfspmd._src.rewrites import dynamic_slices
+from tfspmd._src.rewrites import lane_guards
 from tfspmd._src.rewrites import new_axis
 from tfspmd._src.rewrites import per_position
 from tfspmd._src.rewrites import random_ops
+from tfspmd._src.rewrites import segment_reductions
 from tfspmd._src.rewrites import side_effects
 
 
@@ -54,6 +56,7 @@ def _routes() -> dict[str, tuple[Route, ...]]:
   add(["StridedSlice"], new_axis.convert, new_axis.applies)
   add(["StridedSliceGrad"], new_axis.convert_gradient, new_axis.applies)
   add(random_ops.SEEDED, per_position.convert)
+  add(segment_reductions.SEGMENT_TYPES, segment_reductions.convert)
   for op_type, converter in dtensor_rewrites.CONVERTERS.items():
     add([op_type], converter,
         dtensor_rewrites.einsum_applies if op_type == "Einsum" else None)
@@ -82,8 +85,10 @@ def give_converters(operations: Sequence[tf.Operation]) -> None:
     if route is None:
       if not hasattr(operation, "pfor_converter"):
         per_position.give_fallback(operation)
+      lane_guards.guard(operation)
       continue
     tf_internal.set_pfor_converter(operation, route.converter)
+    lane_guards.guard(operation)
     if operation.type in control_flow.CONVERTERS:
       for graph in control_flow.called_graphs(operation):
         give_converters(graph.get_operations())

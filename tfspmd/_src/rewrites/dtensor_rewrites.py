@@ -32,6 +32,7 @@ import tensorflow as tf
 from tfspmd._src.core import stacking
 from tfspmd._src.core import static_values
 from tfspmd._src.core import tf_internal
+from tfspmd._src.rewrites import static_segments
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
@@ -51,7 +52,8 @@ def rewriting_traced_ops():
   pfor copies an op whose inputs are the same on every device as it is,
   with no converter, so these are rewritten before pfor sees them (an op
   callback): a select with a scalar condition gets a full one, and the
-  scatters take int32 indices (`_REWRITES`). Nested pmaps trace within
+  scatters take int32 indices, and sorted segment reductions over
+  constant ids get their static size (`_REWRITES`). Nested pmaps trace within
   their enclosing one's: the rewrite is installed once, by the outermost.
   """
   if getattr(_rewriting, "active", False):
@@ -129,6 +131,8 @@ _REWRITES = {
     "TensorScatterMax": _int32_indices,
     "TensorScatterMin": _int32_indices,
 }
+_REWRITES.update(dict.fromkeys(static_segments.SEGMENT_TYPES,
+                               static_segments.rewrite))
 
 
 @_do_not_convert
