@@ -25,7 +25,10 @@ import dataclasses
 import math
 
 import tensorflow as tf
+from tensorflow.experimental import dtensor
 
+from tfspmd._src.collectives import pin
+from tfspmd._src.core import merged_dims
 from tfspmd._src.core import stacking
 from tfspmd._src.core import tf_internal
 from tfspmd._src.rewrites import control_flow
@@ -95,13 +98,33 @@ def over_axes(value, targets, step, function, result_shape=None, *,
   return _emit(value, axis_env.frames(), collective, result_shape, ())
 
 
+def flat_where_too_high(value, collective):
+  """`collective(value)`, computed on `value` flattened where it must be.
+
+  For a collective whose every element of the result comes from the same
+  element on each device (a reduction, a permutation). Where the mapped
+  axes would take `value` past the rank TensorFlow's kernels take, and
+  with them DTensor's moves of it between layouts, it is moved flat; its
+  dimensions are the device's own, so the reshape moves no data.
+  """
+  shape = value.shape
+  if not shape.is_fully_defined() or (
+      shape.rank + len(axis_env.frames()) <= merged_dims.MAX_KERNEL_RANK):
+    return collective(value)
+  flat = collective(tf.reshape(value, [-1]))
+  # Split as a device's own value before it takes its rank back, or
+  # DTensor may move it between layouts at that rank.
+  return tf.reshape(pin.pin(flat, [dtensor.UNSHARDED]), shape)
+
+
 def with_transpose(value, targets, step, function, transpose,
-                   result_shape=None, **options):
+                   result_shape=None, *, elementwise=False, **options):
   """`over_axes` of `value`, whose gradient is `transpose(cotangent)`.
 
   A collective's cotangent is another collective (psum's is psum,
   all_gather's is psum_scatter, ...), so a GradientTape inside the mapped
-  function differentiates the per-device program.
+  function differentiates the per-device program. An `elementwise`
+  collective moves high-rank values flat (`flat_where_too_high`).
   """
 
   @tf.custom_gradient
@@ -109,6 +132,8 @@ def with_transpose(value, targets, step, function, transpose,
     return (over_axes(x, targets, step, function, result_shape, **options),
             transpose)
 
+  if elementwise:
+    return flat_where_too_high(value, collective)
   return collective(value)
 
 

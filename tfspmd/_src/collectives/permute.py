@@ -102,7 +102,8 @@ def _ppermute_leaf(value, targets, pairs):
   inverse = tuple((d, s) for s, d in pairs)
   return marker.with_transpose(
       value, targets, _permute_step(pairs), "ppermute",
-      lambda cotangent: _ppermute_leaf(cotangent, targets, inverse), joint=True)
+      lambda cotangent: _ppermute_leaf(cotangent, targets, inverse), joint=True,
+      elementwise=True)
 
 
 def ppermute(x: Any, axis_name: Hashable,

@@ -39,7 +39,7 @@ def _psum_leaf(value, targets, groups, function="psum"):
   return marker.with_transpose(
       value, targets, step, function,
       lambda cotangent: _psum_leaf(cotangent, targets, groups),
-      joint=groups is not None, transpose_step=step)
+      joint=groups is not None, transpose_step=step, elementwise=True)
 
 
 def psum(x: Any, axis_name: Hashable, *,
@@ -177,7 +177,7 @@ def _extremum(x, axis_name, axis_index_groups, function, reduce):
 
       return result, transpose
 
-    return extremum_with_transpose(leaf)
+    return marker.flat_where_too_high(leaf, extremum_with_transpose)
 
   return checks.leafwise(leaf_extremum, x, collective=function,
                          accepts=checks.ORDERED, ordered=True,

@@ -2,6 +2,8 @@
 
 import tensorflow as tf
 
+from tfspmd._src.core import merged_dims
+
 
 def repeat_along_new_axis(value, axis, size):
   """`value` repeated `size` times along a new axis at `axis`.
@@ -21,7 +23,24 @@ def broadcast(value, shape):
 
   Not `tf.broadcast_to` or `tf.tile`: DTensor (TF 2.21) crashes on
   `broadcast_to` of a slice with a new axis and expands some tiles wrong.
+  Above the rank TensorFlow's broadcasting kernels take, the multiply runs
+  on merged dimensions.
   """
+  if merged_dims.fully_defined(value):
+    result = tf.broadcast_static_shape(value.shape, tf.TensorShape(shape))
+    if result.rank > merged_dims.MAX_KERNEL_RANK:
+      result = result.as_list()
+      runs = merged_dims.runs_of_alike_dims(
+          [tuple(value.shape.as_list()), tuple(shape)], tuple(result))
+      if len(runs) < len(result):
+        merged = tf.reshape(value, merged_dims.merged_shape(
+            value.shape.as_list(), runs, len(result)))
+        return tf.reshape(_broadcast(merged, merged_dims.merged_shape(
+            shape, runs, len(result))), result)
+  return _broadcast(value, shape)
+
+
+def _broadcast(value, shape):
   if value.dtype == tf.bool:
     return tf.logical_and(tf.ones(shape, tf.bool), value)
   if value.dtype == tf.uint64:

@@ -23,6 +23,7 @@ from tfspmd._src.programs import steps as steps_lib
 from tfspmd._src.programs import vectorize
 from tfspmd._src.rewrites import control_flow
 from tfspmd._src.rewrites import new_axis
+from tfspmd._src.rewrites import rank_limits
 from tfspmd._src.rewrites import replicated_ops
 from tfspmd._src.runtime import axis_env
 from tfspmd._src.runtime import devices as devices_lib
@@ -312,6 +313,7 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
   new_axis.check_program(concrete.outputs, options.axis_name)
   _check_no_data_dependent_shapes(concrete.graph, options.axis_name)
   mesh_key = built["mesh_key"]
+  _check_kernel_ranks(concrete.graph, options.axis_name, mesh_key)
   input_placements = []
   for leaf, (shape, axis) in enumerate(zip(shapes, axes)):
     spec = [None] * len(shape)
@@ -445,6 +447,20 @@ def _check_no_data_dependent_shapes(graph, axis_name):
         f"shapes, as under jax.pmap: keep the full size and mask instead "
         f"(tf.where(condition, x, 0), a weight of 0, a one-hot sum), or pad "
         f"to a fixed size.")
+
+
+def _check_kernel_ranks(graph, axis_name, mesh_key):
+  """Raises for an op of a rank its kernel cannot take, before it runs.
+
+  On TPUs XLA compiles the program, at any rank.
+  """
+  dims, _, devices = mesh_key
+  if any(device.platform == "tpu" for device in devices):
+    return
+  found = control_flow.find_operation(graph.get_operations(),
+                                      rank_limits.exceeds_kernel_rank)
+  if found is not None:
+    raise rank_limits.kernel_rank_error(found, axis_name, len(dims))
 
 
 def _relayout(value, layout):

@@ -29,11 +29,13 @@ under jax.pmap either.
 
 import contextlib
 import functools
+import math
 import threading
 
 import numpy as np
 import tensorflow as tf
 
+from tfspmd._src.core import merged_dims
 from tfspmd._src.core import stacking
 from tfspmd._src.core import static_values
 from tfspmd._src.core import tf_internal
@@ -43,6 +45,7 @@ from tfspmd._src.rewrites import lane_guards
 from tfspmd._src.rewrites import shape_folding
 from tfspmd._src.rewrites import side_effects
 from tfspmd._src.rewrites import tensor_lists
+from tfspmd._src.runtime import axis_env
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
@@ -430,26 +433,63 @@ def _convert_while(op_inputs):
   return [tf_internal.wrap_converted(t, s) for t, s in zip(final, stacked)]
 
 
+def _flat_shapes(stacked, init):
+  """For each loop variable, its shape if it is carried flat, else None.
+
+  A stacked variable that the enclosing mapped axes would take past the
+  rank TensorFlow's kernels take is carried as `[size, elements]`: DTensor
+  moves a loop variable between layouts inside the loop with slices of
+  the variable's own rank. Its dimensions after the stacked one are the
+  device's own, never split, so the reshape moves no data.
+  """
+  enclosing = len(axis_env.frames())
+  return [t.shape.as_list() if (
+      s and t.dtype != tf.variant and t.shape.is_fully_defined() and
+      t.shape.rank > 2 and
+      t.shape.rank + enclosing > merged_dims.MAX_KERNEL_RANK) else None
+          for t, s in zip(init, stacked)]
+
+
 def _build_loop(op_inputs, operation, cond_graph, body_graph, stacked,
                 per_device, init, size):
   """The vectorized loop: one tf.while_loop over the stacked state."""
+  shapes = _flat_shapes(stacked, init)
+
+  def flat(state):
+    return [t if shape is None else tf.reshape(t, [shape[0], -1])
+            for t, shape in zip(state, shapes)]
 
   def convert(graph, state):
     # Through an Identity: DTensor's mesh propagation cannot follow a loop
     # variable into a loop nested in this one ("Block argument must be
     # enclosed by a function", TF 2.21), but follows an op's result.
+    state = [tf.identity(t) if shape is None else tf.reshape(t, shape)
+             for t, shape in zip(state, shapes)]
     return tf_internal.convert_graph_inline(op_inputs, graph, [
-        tf_internal.ConvertedValue(tf.identity(t), s)
+        tf_internal.ConvertedValue(t, s)
         for t, s in zip(state, stacked)],
                                             prepare if graph is cond_graph
                                             else _prepare_body(graph))
 
   def body_outputs(state):
     outputs = convert(body_graph, state)
-    return [_repeat(v, size) if s else v.tensor
-            for v, s in zip(outputs, stacked)]
+    return flat([_repeat(v, size) if s else v.tensor
+                 for v, s in zip(outputs, stacked)])
 
-  invariants = _shape_invariants(operation, stacked, size, init)
+  final = _run_loop(operation, cond_graph, stacked, per_device, flat(init),
+                    size, convert, body_outputs, shapes)
+  return [t if shape is None else tf.reshape(t, shape)
+          for t, shape in zip(final, shapes)]
+
+
+def _run_loop(operation, cond_graph, stacked, per_device, init, size,
+              convert, body_outputs, shapes):
+  """The tf.while_loop of `_build_loop` over its (possibly flat) state."""
+  invariants = [tf.TensorShape([shape[0], math.prod(shape[1:])])
+                if shape is not None else invariant
+                for invariant, shape in zip(
+                    _shape_invariants(operation, stacked, size, init),
+                    shapes)]
   iterations = operation.get_attr("parallel_iterations")
   if not per_device:
     final = tf.while_loop(

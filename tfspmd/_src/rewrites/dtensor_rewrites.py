@@ -32,6 +32,7 @@ import tensorflow as tf
 from tfspmd._src.core import stacking
 from tfspmd._src.core import static_values
 from tfspmd._src.core import tf_internal
+from tfspmd._src.rewrites import rank_limits
 from tfspmd._src.rewrites import static_segments
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
@@ -53,7 +54,9 @@ def rewriting_traced_ops():
   with no converter, so these are rewritten before pfor sees them (an op
   callback): a select with a scalar condition gets a full one, and the
   scatters take int32 indices, and sorted segment reductions over
-  constant ids get their static size (`_REWRITES`). Nested pmaps trace within
+  constant ids get their static size (`_REWRITES`); slices and broadcasts
+  that the mapped axes would take past rank 8 run on merged dimensions
+  (`rank_limits`). Nested pmaps trace within
   their enclosing one's: the rewrite is installed once, by the outermost.
   """
   if getattr(_rewriting, "active", False):
@@ -70,10 +73,14 @@ def rewriting_traced_ops():
 def _rewritten_op(op_type, inputs, attrs, outputs, op_name=None, graph=None):
   """An op callback: the outputs of the rewritten op, or None to keep it."""
   del attrs, graph
-  rewrite = _REWRITES.get(op_type)
-  if rewrite is None or tf.executing_eagerly():
+  if tf.executing_eagerly():
     return None
-  return rewrite(op_type, inputs, outputs, op_name)
+  rewrite = _REWRITES.get(op_type)
+  rewritten = (None if rewrite is None else
+               rewrite(op_type, inputs, outputs, op_name))
+  if rewritten is None and op_type in rank_limits.REWRITTEN:
+    rewritten = rank_limits.rewrite(op_type, inputs, outputs, op_name)
+  return rewritten
 
 
 def _full_condition_select(op_type, inputs, outputs, name):

@@ -1,0 +1,180 @@
+"""Slices and broadcasts that the mapped axes would take past rank 8.
+
+Each axis a program is mapped over, a mesh axis of size 1 included, adds a
+dimension to every tensor of the vectorized program, and TensorFlow's CPU
+kernels of slices and broadcasting ops stop at rank 8
+(`merged_dims.MAX_KERNEL_RANK`). As such an op is traced inside a mapped
+function, where it would pass that rank once vectorized, it is rewritten
+on fewer dimensions: adjacent dimensions a slice takes whole, or a
+broadcast treats alike, merge into one by a reshape, which moves no data
+(the mapped dimensions lie in front, untouched). The results are the
+same; an op that still passes the limit is found before the program runs
+(`exceeds_kernel_rank`).
+"""
+
+import tensorflow as tf
+
+from tfspmd._src.core import merged_dims
+from tfspmd._src.runtime import axis_env
+
+# Ops whose CPU kernels take at most MAX_KERNEL_RANK dimensions where
+# their operands broadcast or they slice.
+BROADCASTING = frozenset((
+    "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "FloorDiv",
+    "FloorMod", "TruncateDiv", "TruncateMod", "Maximum", "Minimum", "Pow",
+    "SquaredDifference", "Less", "LessEqual", "Greater", "GreaterEqual",
+    "Equal", "NotEqual", "LogicalAnd", "LogicalOr", "BitwiseAnd",
+    "BitwiseOr", "BitwiseXor", "Atan2", "Xdivy", "Xlogy", "MulNoNan",
+    "SelectV2", "BroadcastTo",
+))
+SLICING = frozenset(("StridedSlice", "Slice"))
+REWRITTEN = BROADCASTING | SLICING
+LIMITED = BROADCASTING | SLICING | frozenset((
+    "Tile", "Pad", "PadV2", "MirrorPad", "ReverseV2", "StridedSliceGrad"))
+
+
+def _room():
+  """How many dimensions an op traced here may have once vectorized."""
+  return merged_dims.MAX_KERNEL_RANK - len(axis_env.frames())
+
+
+def rewrite(op_type, inputs, outputs, name):
+  """The op on merged dimensions where it would pass the limit; else None."""
+  del name
+  result = outputs[0]
+  if not axis_env.frames() or result.shape.rank is None:
+    return None
+  rank = max([result.shape.rank] + [t.shape.rank or 0 for t in inputs[:1]])
+  if rank <= _room() or not result.shape.is_fully_defined():
+    return None
+  if op_type in SLICING:
+    return _merged_slice(op_type, inputs, outputs)
+  return _merged_broadcast(op_type, inputs, outputs)
+
+
+def _merged_broadcast(op_type, inputs, outputs):
+  operands = list(inputs[:1] if op_type == "BroadcastTo" else inputs)
+  result_shape = outputs[0].shape.as_list()
+  if not merged_dims.fully_defined(*operands) or all(
+      t.shape.as_list() == result_shape for t in operands):
+    # Operands of the result's shape need no broadcast, at any rank.
+    return None
+  shapes = [tuple(t.shape.as_list()) for t in operands]
+  runs = merged_dims.runs_of_alike_dims(shapes, tuple(result_shape))
+  if len(runs) == len(result_shape):
+    return None
+  rank = len(result_shape)
+  merged = [tf.reshape(t, merged_dims.merged_shape(s, runs, rank))
+            for t, s in zip(operands, shapes)]
+  if op_type == "BroadcastTo":
+    value = tf.broadcast_to(merged[0],
+                            merged_dims.merged_shape(result_shape, runs, rank))
+  else:
+    names = _ARGUMENT_NAMES.get(op_type, ("x", "y"))
+    value = getattr(tf.raw_ops, op_type)(**dict(zip(names, merged)))
+  return [tf.reshape(value, result_shape)]
+
+
+_ARGUMENT_NAMES = {"SelectV2": ("condition", "t", "e"), "Atan2": ("y", "x")}
+
+
+def _slice_of_each_dim(op_type, inputs, operation, shape):
+  """Per input dimension: None (taken whole), an int (one index), or a slice.
+
+  None if the slice's bounds are not constants.
+  """
+  if op_type == "Slice":
+    begin, size = (tf.get_static_value(t) for t in inputs[1:3])
+    if begin is None or size is None:
+      return None
+    found = []
+    for b, s, d in zip(begin, size, shape):
+      stop = d if s == -1 else b + s
+      found.append(None if (b, stop) == (0, d) else slice(int(b), int(stop)))
+    return found
+  begin, end, strides = (tf.get_static_value(t) for t in inputs[1:4])
+  if begin is None or end is None or strides is None:
+    return None
+  masks = {key: operation.get_attr(key) for key in (
+      "begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask",
+      "shrink_axis_mask")}
+  entries = len(begin)
+  named = sum(1 for k in range(entries)
+              if not (masks["ellipsis_mask"] >> k) & 1 and
+              not (masks["new_axis_mask"] >> k) & 1)
+  found = []
+  for k in range(entries):
+    if (masks["new_axis_mask"] >> k) & 1:
+      continue
+    if (masks["ellipsis_mask"] >> k) & 1:
+      found += [None] * (len(shape) - named)
+      continue
+    if (masks["shrink_axis_mask"] >> k) & 1:
+      index = int(begin[k])
+      found.append(index + shape[len(found)] if index < 0 else index)
+      continue
+    size = shape[len(found)]
+    taken = slice(None if (masks["begin_mask"] >> k) & 1 else int(begin[k]),
+                  None if (masks["end_mask"] >> k) & 1 else int(end[k]),
+                  int(strides[k]))
+    whole = list(range(size)[taken]) == list(range(size))
+    found.append(None if whole else taken)
+  found += [None] * (len(shape) - len(found))
+  return found
+
+
+def _merged_slice(op_type, inputs, outputs):
+  value = inputs[0]
+  if not merged_dims.fully_defined(value):
+    return None
+  shape = value.shape.as_list()
+  per_dim = _slice_of_each_dim(op_type, inputs, outputs[0].op, shape)
+  if per_dim is None:
+    return None
+  merged_shape, merged_slice = [], []
+  for size, taken in zip(shape, per_dim):
+    if taken is None and merged_slice and merged_slice[-1] is None:
+      merged_shape[-1] *= size
+      continue
+    merged_shape.append(size)
+    merged_slice.append(taken)
+  if len(merged_shape) == len(shape):
+    return None
+  merged = tf.reshape(value, merged_shape)
+  sliced = merged[tuple(slice(None) if t is None else t
+                        for t in merged_slice)]
+  return [tf.reshape(sliced, outputs[0].shape.as_list())]
+
+
+def exceeds_kernel_rank(operation):
+  """Whether a CPU kernel cannot run `operation` at its rank.
+
+  Broadcasting ops whose operands all have the result's shape run at any
+  rank; slices, pads, tiles and reversals do not above the limit.
+  """
+  if operation.type not in LIMITED or not operation.outputs:
+    return False
+  result = operation.outputs[0].shape
+  ranks = [t.shape.rank for t in (operation.inputs[0], operation.outputs[0])]
+  if None in ranks or max(ranks) <= merged_dims.MAX_KERNEL_RANK:
+    return False
+  if operation.type in BROADCASTING and operation.type != "BroadcastTo":
+    return not all(t.shape == result for t in operation.inputs)
+  return True
+
+
+def kernel_rank_error(operation, axis_name, mapped_axes):
+  """The error for `operation`, of a rank no kernel takes, found by tracing."""
+  rank = max(t.shape.rank for t in (operation.inputs[0],
+                                    operation.outputs[0]))
+  name = operation.name.split("/pfor/")[0]
+  return ValueError(
+      f"the function mapped over axis {axis_name!r} computes the op "
+      f"{operation.type} ({name}) on a tensor of rank {rank} once it is "
+      f"vectorized: each of the {mapped_axes} mapped axes (mesh axes of size "
+      f"1 included) adds a dimension to every tensor of the program, and "
+      f"TensorFlow's CPU kernels of this op take at most "
+      f"{merged_dims.MAX_KERNEL_RANK}. Dimensions it takes whole or "
+      f"broadcasts alike are merged already; reshape the value to fewer "
+      f"dimensions before the op (merging those it slices or broadcasts "
+      f"differently), or map over fewer axes.")
