@@ -529,6 +529,40 @@ def _run(fun, mapped, broadcast, rtol, atol):
   return "works"
 
 
+def _run_in_branch(fun, mapped, broadcast, rtol, atol):
+  """`_run` of `fun` in a per-device `tf.cond` branch half the devices skip.
+
+  Devices 0-3 take the branch and must give the op's eager result; devices
+  4-7 take the other branch, zeros of the same structure, and must not
+  fail for what the skipped branch would compute on their data.
+  """
+  expected = [fun(*[tf.constant(m[k]) for m in mapped],
+                  *[tf.constant(b) for b in broadcast]) for k in range(N)]
+  skipped = tf.nest.map_structure(np.zeros_like, expected[0])
+
+  def in_branch(*args):
+    taken = tfspmd.lax.axis_index("i") < N // 2
+    return tf.cond(taken, lambda: fun(*args), lambda: tf.nest.map_structure(
+        tf.constant, skipped))
+
+  in_axes = (0,) * len(mapped) + (None,) * len(broadcast)
+  try:
+    out = tfspmd.pmap(in_branch, "i", in_axes=in_axes)(*mapped, *broadcast)
+    got = [np.asarray(leaf) for leaf in tf.nest.flatten(out)]
+  except (ValueError, TypeError, NotImplementedError) as e:
+    return "fails: " + _first_sentence(str(e))
+  except Exception as e:  # pylint: disable=broad-except
+    return f"ERROR {type(e).__name__}: {_first_sentence(str(e))[:200]}"
+  for leaf, value in enumerate(got):
+    reference = np.stack(
+        [np.asarray(tf.nest.flatten(expected[k])[leaf]) for k in range(N // 2)]
+        + [tf.nest.flatten(skipped)[leaf]] * (N - N // 2))
+    if value.shape != reference.shape or not np.allclose(
+        value, reference, rtol=rtol, atol=atol, equal_nan=True):
+      return "WRONG VALUES"
+  return "works"
+
+
 def _route(routes):
   parts = [f"{route}: {', '.join(sorted(routes[route]))}"
            for route in (route_log.PER_POSITION, route_log.REPLICATED)
@@ -597,7 +631,10 @@ def _write_doc(outcomes):
       "",
       f"Forward: {forward} of {len(outcomes)} work. Gradient: {gradients} of "
       f"{len(differentiable)} differentiable ops work. An op that fails "
-      f"raises tfspmd's error at trace time, quoted here.",
+      f"raises tfspmd's error at trace time, quoted here. Each op that "
+      f"works also works inside a `tf.cond` branch that half the devices "
+      f"skip (their lanes get zeros from the other branch), with the same "
+      f"values on the devices that take it.",
       "",
       "## Routes",
       "",
@@ -664,3 +701,16 @@ def test_docs_ops_md_is_the_survey(outcomes):
   assert _documented() == outcomes, (
       "docs/ops.md differs from the survey; rewrite it with "
       "TFSPMD_WRITE_OPS_DOC=1 pytest tests/test_op_survey.py")
+
+
+def test_every_op_in_a_branch_some_devices_skip(outcomes):
+  """Each op that works in a pmap works in a per-device cond branch too."""
+  bad = {}
+  for name, (forward, _, _) in outcomes.items():
+    if forward != "works":
+      continue
+    fun, mapped, broadcast = _spec(name)
+    result = _run_in_branch(fun, mapped, broadcast, rtol=2e-4, atol=2e-5)
+    if result != "works":
+      bad[name] = result
+  assert not bad, bad
