@@ -508,8 +508,17 @@ def _differentiable(fun, mapped, broadcast):
     return False
 
 
-def _run(fun, mapped, broadcast, rtol, atol):
-  """'works', or what went wrong, for `fun` in a pmap against eager runs."""
+def _eager(fun, mapped, broadcast, device):
+  """`fun` run eagerly on `device`'s slice of the mapped inputs."""
+  return fun(*[tf.constant(m[device]) for m in mapped],
+             *[tf.constant(b) for b in broadcast])
+
+
+def _compared(fun, mapped, broadcast, expected, rtol, atol):
+  """'works', or what went wrong, for `fun` in a pmap against `expected`.
+
+  `expected` holds each device's flattened result.
+  """
   in_axes = (0,) * len(mapped) + (None,) * len(broadcast)
   try:
     out = tfspmd.pmap(fun, "i", in_axes=in_axes)(*mapped, *broadcast)
@@ -518,15 +527,19 @@ def _run(fun, mapped, broadcast, rtol, atol):
     return "fails: " + _first_sentence(str(e))
   except Exception as e:  # pylint: disable=broad-except
     return f"ERROR {type(e).__name__}: {_first_sentence(str(e))[:200]}"
-  expected = [tf.nest.flatten(fun(*[tf.constant(m[k]) for m in mapped],
-                                  *[tf.constant(b) for b in broadcast]))
-              for k in range(N)]
   for leaf, value in enumerate(got):
     reference = np.stack([np.asarray(e[leaf]) for e in expected])
     if value.shape != reference.shape or not np.allclose(
         value, reference, rtol=rtol, atol=atol, equal_nan=True):
       return "WRONG VALUES"
   return "works"
+
+
+def _run(fun, mapped, broadcast, rtol, atol):
+  """'works', or what went wrong, for `fun` in a pmap against eager runs."""
+  expected = [tf.nest.flatten(_eager(fun, mapped, broadcast, k))
+              for k in range(N)]
+  return _compared(fun, mapped, broadcast, expected, rtol, atol)
 
 
 def _run_in_branch(fun, mapped, broadcast, rtol, atol):
@@ -536,31 +549,17 @@ def _run_in_branch(fun, mapped, broadcast, rtol, atol):
   4-7 take the other branch, zeros of the same structure, and must not
   fail for what the skipped branch would compute on their data.
   """
-  expected = [fun(*[tf.constant(m[k]) for m in mapped],
-                  *[tf.constant(b) for b in broadcast]) for k in range(N)]
-  skipped = tf.nest.map_structure(np.zeros_like, expected[0])
+  taken = [_eager(fun, mapped, broadcast, k) for k in range(N // 2)]
+  skipped = tf.nest.map_structure(np.zeros_like, taken[0])
 
   def in_branch(*args):
-    taken = tfspmd.lax.axis_index("i") < N // 2
-    return tf.cond(taken, lambda: fun(*args), lambda: tf.nest.map_structure(
+    chosen = tfspmd.lax.axis_index("i") < N // 2
+    return tf.cond(chosen, lambda: fun(*args), lambda: tf.nest.map_structure(
         tf.constant, skipped))
 
-  in_axes = (0,) * len(mapped) + (None,) * len(broadcast)
-  try:
-    out = tfspmd.pmap(in_branch, "i", in_axes=in_axes)(*mapped, *broadcast)
-    got = [np.asarray(leaf) for leaf in tf.nest.flatten(out)]
-  except (ValueError, TypeError, NotImplementedError) as e:
-    return "fails: " + _first_sentence(str(e))
-  except Exception as e:  # pylint: disable=broad-except
-    return f"ERROR {type(e).__name__}: {_first_sentence(str(e))[:200]}"
-  for leaf, value in enumerate(got):
-    reference = np.stack(
-        [np.asarray(tf.nest.flatten(expected[k])[leaf]) for k in range(N // 2)]
-        + [tf.nest.flatten(skipped)[leaf]] * (N - N // 2))
-    if value.shape != reference.shape or not np.allclose(
-        value, reference, rtol=rtol, atol=atol, equal_nan=True):
-      return "WRONG VALUES"
-  return "works"
+  expected = ([tf.nest.flatten(t) for t in taken] +
+              [tf.nest.flatten(skipped)] * (N - N // 2))
+  return _compared(in_branch, mapped, broadcast, expected, rtol, atol)
 
 
 def _route(routes):

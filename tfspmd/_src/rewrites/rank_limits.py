@@ -41,8 +41,10 @@ def _room():
 def rewrite(op_type, inputs, outputs, name):
   """The op on merged dimensions where it would pass the limit; else None."""
   del name
+  if not outputs or not axis_env.frames():
+    return None
   result = outputs[0]
-  if not axis_env.frames() or result.shape.rank is None:
+  if result.shape.rank is None:
     return None
   rank = max([result.shape.rank] + [t.shape.rank or 0 for t in inputs[:1]])
   if rank <= _room() or not result.shape.is_fully_defined():
