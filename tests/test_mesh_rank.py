@@ -105,3 +105,90 @@ def test_a_slice_no_merge_can_lower_is_refused_before_it_runs():
   with pytest.raises(ValueError, match="rank .* mapped axes"):
     tfspmd.shard_map(program, mesh=mesh, in_specs=P(names),
                      out_specs=P(names))(x)
+
+
+COLLECTIVE_BLOCK = (2, 1, 2, 1, 2, 4)
+
+
+def _by_group(x, shape):
+  """Device blocks `[groups, n, *block]`: a group differs in the last axis."""
+  return x.reshape((-1, shape[-1]) + COLLECTIVE_BLOCK)
+
+
+def _from_groups(values, x):
+  return values.reshape(x.shape)
+
+
+def _all_gather_sum(x, shape):
+  groups = _by_group(x, shape)
+  return _from_groups(np.broadcast_to(groups.sum(1, keepdims=True),
+                                      groups.shape), x)
+
+
+def _all_gather_first(x, shape):
+  groups = _by_group(x, shape)
+  return _from_groups(np.broadcast_to(groups[:, :1], groups.shape), x)
+
+
+def _psum_scatter_tiled_back(x, shape):
+  groups = _by_group(x, shape)
+  n = shape[-1]
+  total = groups.sum(1)
+  chunks = np.split(total, n, axis=-1)
+  out = np.stack([np.tile(chunks[k], (1,) * 5 + (n,)) for k in range(n)], 1)
+  return _from_groups(out, x)
+
+
+def _all_to_all_last_dim(x, shape):
+  groups = _by_group(x, shape)
+  n = shape[-1]
+  out = np.stack([np.concatenate(
+      [np.split(groups[:, j], n, axis=-1)[k] for j in range(n)], axis=-1)
+                  for k in range(n)], 1)
+  return _from_groups(out, x)
+
+
+def _gradient_of_psum_of_squares(x, shape):
+  mask = np.zeros(COLLECTIVE_BLOCK, np.float32)
+  mask[:, :, 1:] = 1.
+  blocks = x.reshape((-1,) + COLLECTIVE_BLOCK)
+  return (16. * blocks * mask).reshape(x.shape)
+
+
+def _psum_of_squares_gradient_program(names):
+  def program(b):
+    with tf.GradientTape() as tape:
+      tape.watch(b)
+      y = tf.reduce_sum(lax.psum(b * b, names)[:, :, 1:])
+    return tape.gradient(y, b)
+  return program
+
+
+COLLECTIVES = {
+    "all_gather": (lambda names: lambda b: tf.reduce_sum(
+        lax.all_gather(b, names[-1]), 0), _all_gather_sum),
+    "all_gather_tiled": (lambda names: lambda b: lax.all_gather(
+        b, names[-1], axis=0, tiled=True)[:2], _all_gather_first),
+    "psum_scatter": (lambda names: lambda b: tf.tile(lax.psum_scatter(
+        b, names[-1], scatter_dimension=5, tiled=True),
+                                                    [1] * 5 + [2]),
+                     _psum_scatter_tiled_back),
+    "all_to_all": (lambda names: lambda b: lax.all_to_all(
+        b, names[-1], 5, 5, tiled=True), _all_to_all_last_dim),
+    "gradient_of_psum": (_psum_of_squares_gradient_program,
+                         _gradient_of_psum_of_squares),
+}
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (1, 1, 2, 2, 2)], ids=str)
+@pytest.mark.parametrize("collective", sorted(COLLECTIVES))
+def test_every_collective_of_rank_6_blocks_on_meshes_of_3_and_5_axes(
+    shape, collective):
+  mesh, names = mesh_of(shape)
+  x = np.random.default_rng(2).standard_normal(
+      (8 * COLLECTIVE_BLOCK[0],) + COLLECTIVE_BLOCK[1:]).astype(np.float32)
+  program, reference = COLLECTIVES[collective]
+  out = tfspmd.shard_map(program(names), mesh=mesh, in_specs=P(names),
+                         out_specs=P(names))(x)
+  np.testing.assert_allclose(np.asarray(out), reference(x, shape),
+                             rtol=1e-5, atol=1e-5)

@@ -107,6 +107,14 @@ def _all_to_all_leaf(value, targets, groups, split_axis, concat_axis, tiled,
   else:
     del shape[split_axis]
     shape.insert(concat_axis, size)
+  # An untiled exchange between two axes would not map back.
+  merged = (marker.merged_around(value, (split_axis, concat_axis))
+            if tiled or split_axis == concat_axis else None)
+  if merged is not None:
+    value, positions = merged
+    return tf.reshape(_all_to_all_leaf(
+        value, targets, groups, positions[split_axis],
+        positions[concat_axis], tiled, function, names), shape)
   return marker.with_transpose(
       value, targets,
       groups_lib.within(_all_to_all_step(split_axis, concat_axis, tiled),

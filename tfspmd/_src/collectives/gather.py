@@ -139,6 +139,11 @@ def _psum_scatter_leaf(value, targets, groups, dimension, tiled):
     shape[dimension] //= size
   else:
     del shape[dimension]
+  merged = marker.merged_around(value, (dimension,))
+  if merged is not None:
+    value, positions = merged
+    return tf.reshape(_psum_scatter_leaf(value, targets, groups,
+                                         positions[dimension], tiled), shape)
   return marker.with_transpose(
       value, targets,
       groups_lib.within(_scatter_step(dimension, tiled), groups),

@@ -117,6 +117,38 @@ def flat_where_too_high(value, collective):
   return tf.reshape(pin.pin(flat, [dtensor.UNSHARDED]), shape)
 
 
+def merged_around(value, axes):
+  """`value` with the runs of dimensions between `axes` merged, if it must be.
+
+  For a collective that acts on the dimensions `axes` of the per-device
+  value and on each of the others alike. Where the mapped axes would take
+  `value` past the rank TensorFlow's kernels take (and DTensor's moves of
+  it), the runs of other dimensions merge: they are the device's own, so
+  the reshape moves no data.
+
+  Returns:
+    `(merged value, {axis: its position in the merged value})`, or None
+    where nothing must merge.
+  """
+  shape = value.shape
+  if not shape.is_fully_defined() or (
+      shape.rank + len(axis_env.frames()) <= merged_dims.MAX_KERNEL_RANK):
+    return None
+  sizes = shape.as_list()
+  merged, positions, start = [], {}, 0
+  for axis in sorted(set(axes)):
+    if start < axis:
+      merged.append(math.prod(sizes[start:axis]))
+    positions[axis] = len(merged)
+    merged.append(sizes[axis])
+    start = axis + 1
+  if start < len(sizes):
+    merged.append(math.prod(sizes[start:]))
+  if len(merged) == len(sizes):
+    return None
+  return tf.reshape(value, merged), positions
+
+
 def with_transpose(value, targets, step, function, transpose,
                    result_shape=None, *, elementwise=False, **options):
   """`over_axes` of `value`, whose gradient is `transpose(cotangent)`.

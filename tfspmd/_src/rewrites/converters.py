@@ -31,6 +31,7 @@ from tfspmd._src.rewrites import lane_guards
 from tfspmd._src.rewrites import new_axis
 from tfspmd._src.rewrites import per_position
 from tfspmd._src.rewrites import random_ops
+from tfspmd._src.rewrites import rank_limits
 from tfspmd._src.rewrites import segment_reductions
 from tfspmd._src.rewrites import side_effects
 
@@ -57,6 +58,7 @@ def _routes() -> dict[str, tuple[Route, ...]]:
   add(["StridedSliceGrad"], new_axis.convert_gradient, new_axis.applies)
   add(random_ops.SEEDED, per_position.convert)
   add(segment_reductions.SEGMENT_TYPES, segment_reductions.convert)
+  add(sorted(rank_limits.BINARY), rank_limits.convert_binary)
   for op_type, converter in dtensor_rewrites.CONVERTERS.items():
     add([op_type], converter,
         dtensor_rewrites.einsum_applies if op_type == "Einsum" else None)

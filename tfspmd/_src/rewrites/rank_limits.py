@@ -15,7 +15,10 @@ same; an op that still passes the limit is found before the program runs
 import tensorflow as tf
 
 from tfspmd._src.core import merged_dims
+from tfspmd._src.core import tf_internal
 from tfspmd._src.runtime import axis_env
+
+_do_not_convert = tf.autograph.experimental.do_not_convert
 
 # Ops whose CPU kernels take at most MAX_KERNEL_RANK dimensions where
 # their operands broadcast or they slice.
@@ -28,7 +31,7 @@ BROADCASTING = frozenset((
     "SelectV2", "BroadcastTo",
 ))
 SLICING = frozenset(("StridedSlice", "Slice"))
-REWRITTEN = BROADCASTING | SLICING
+REWRITTEN = BROADCASTING | SLICING | {"Tile"}
 LIMITED = BROADCASTING | SLICING | frozenset((
     "Tile", "Pad", "PadV2", "MirrorPad", "ReverseV2", "StridedSliceGrad"))
 
@@ -51,7 +54,28 @@ def rewrite(op_type, inputs, outputs, name):
     return None
   if op_type in SLICING:
     return _merged_slice(op_type, inputs, outputs)
+  if op_type == "Tile":
+    return _merged_tile(inputs, outputs)
   return _merged_broadcast(op_type, inputs, outputs)
+
+
+def _merged_tile(inputs, outputs):
+  """A tile on merged runs of the dimensions it does not repeat."""
+  value, multiples = inputs
+  multiples = tf.get_static_value(multiples)
+  if multiples is None or not merged_dims.fully_defined(value):
+    return None
+  merged_shape, merged_multiples = [], []
+  for size, times in zip(value.shape.as_list(), multiples):
+    if times == 1 and merged_multiples and merged_multiples[-1] == 1:
+      merged_shape[-1] *= size
+      continue
+    merged_shape.append(size)
+    merged_multiples.append(int(times))
+  if len(merged_shape) == value.shape.rank:
+    return None
+  tiled = tf.tile(tf.reshape(value, merged_shape), merged_multiples)
+  return [tf.reshape(tiled, outputs[0].shape.as_list())]
 
 
 def _merged_broadcast(op_type, inputs, outputs):
@@ -78,6 +102,43 @@ def _merged_broadcast(op_type, inputs, outputs):
 
 
 _ARGUMENT_NAMES = {"SelectV2": ("condition", "t", "e"), "Atan2": ("y", "x")}
+
+
+BINARY = BROADCASTING - {"SelectV2", "BroadcastTo"}
+
+
+@_do_not_convert
+def convert_binary(op_inputs):
+  """The converter of a binary broadcasting op (`converters`).
+
+  pfor broadcasts a value the same on every position against a stacked
+  one over the loop's dimension too; where that passes the kernels' rank,
+  the op runs on merged dimensions.
+  """
+  default = tf_internal.default_pfor_converter(op_inputs.op.type)
+  values = op_inputs.inputs()
+  if not merged_dims.fully_defined(*[v.tensor for v in values]):
+    return default(op_inputs)
+  size = op_inputs.loop_size
+  own_rank = max(v.tensor.shape.rank - v.stacked for v in values)
+  shapes = []
+  for value in values:
+    shape = value.tensor.shape.as_list()
+    own = shape[1:] if value.stacked else shape
+    shapes.append([size if value.stacked else 1] +
+                  [1] * (own_rank - len(own)) + own)
+  result = [max(sizes) for sizes in zip(*shapes)]
+  if len(result) + len(axis_env.frames()) <= merged_dims.MAX_KERNEL_RANK or (
+      all(shape == result for shape in shapes)):
+    return default(op_inputs)
+  operands = [tf.reshape(v.tensor, shape) for v, shape in zip(values, shapes)]
+  names = _ARGUMENT_NAMES.get(op_inputs.op.type, ("x", "y"))
+  merged = merged_dims.broadcast_on_merged_dims(
+      lambda *merged: getattr(tf.raw_ops, op_inputs.op.type)(
+          **dict(zip(names, merged))), operands, result)
+  if merged is None:
+    return default(op_inputs)
+  return [tf_internal.wrap_converted(merged, True)]
 
 
 def _slice_of_each_dim(op_type, inputs, operation, shape):
