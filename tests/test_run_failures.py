@@ -132,3 +132,30 @@ def test_loop_programs_after_a_failed_one_run():
     "failed program's error (TF 2.21)")
 def test_loop_programs_as_functions_per_device_after_a_failed_one_run():
   _check_loops_after_a_failure(per_device_functions=True)
+
+
+_FAILS_WHERE_READ = """
+import numpy as np
+import tensorflow as tf
+import tfspmd
+from tfspmd._src.core import run_errors
+
+# As a program whose ops cannot fail on their shapes: not waited for at
+# its call, so its failure comes where its result is read.
+run_errors.may_fail = lambda graph_def: False
+out = tfspmd.pmap(lambda x: tf.gather(x, tf.cast(x[0] * 100, tf.int32)),
+                  "i")(np.ones((8, 3), np.float32))
+try:
+  np.asarray(out)
+except tf.errors.InvalidArgumentError as e:
+  print("ERROR", " ".join(str(e).split()))
+"""
+
+
+def test_a_failure_found_where_a_result_is_read_names_the_op():
+  lines = _run_source(_FAILS_WHERE_READ)
+  assert len(lines) == 1, lines
+  assert lines[0].startswith(
+      "ERROR A mapped function's program failed while it ran in the op "
+      "'GatherV2_1': indices[0] = 100 is not in [0, 3)"), lines
+  assert "function_node" not in lines[0] and "root error" not in lines[0]

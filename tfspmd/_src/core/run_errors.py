@@ -81,15 +81,33 @@ def failed_run(error, axis_name):
     (`InvalidArgumentError` for a failed check), whose message names the
     op and gives the kernel's message.
   """
+  code, where, text = _failure(error)
+  return tf_internal.error_class(code)(None, None, (
+      f"The function mapped over axis {axis_name!r} failed while it "
+      f"ran{where}: {text}. Later calls run as usual, and arrays computed "
+      f"before stay valid."))
+
+
+def failed_program(error):
+  """`failed_run` for a failure found where a result is read, not at the call.
+
+  A program whose ops cannot fail on their shapes is not waited for at its
+  call; should it fail anyway, the failure comes with its results.
+  """
+  code, where, text = _failure(error)
+  return tf_internal.error_class(code)(None, None, (
+      f"A mapped function's program failed while it ran{where}: {text}. "
+      f"Its results cannot be read."))
+
+
+def _failure(error):
+  """`(error code, ' in the op ...' or '', the kernel's message)` of `error`."""
   code, message = _first_failure(error)
   node = _NODE.search(message)
   text = _TAIL.split(message.split("\n\t [[")[0].split("\n [[")[0])[0]
   text = _FUNCTION.sub("", text).strip()
   where = f" in the op {_user_name(node.group(1))!r}" if node else ""
-  return tf_internal.error_class(code)(None, None, (
-      f"The function mapped over axis {axis_name!r} failed while it "
-      f"ran{where}: {text}. Later calls run as usual, and arrays computed "
-      f"before stay valid."))
+  return code, where, text
 
 
 def _first_failure(error):

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from tfspmd._src.core import run_errors
 from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import dtensor_device
 
@@ -257,9 +258,14 @@ def components(value):
   """`dtensor.unpack(value)`, the per-device tensors, once they are computed.
 
   Other Python threads run during the wait where they can
-  (`dtensor_device.components`).
+  (`dtensor_device.components`). A program whose ops cannot fail on their
+  shapes is not waited for at its call; should it fail anyway, reading its
+  result raises tfspmd's error naming the op, not TensorFlow's.
   """
-  return dtensor_device.components([value])[0]
+  try:
+    return dtensor_device.components([value])[0]
+  except tf.errors.OpError as e:
+    raise run_errors.failed_program(e) from None
 
 
 def repack(value, placement):
