@@ -659,3 +659,33 @@ def test_gradient_through_a_cond_on_a_broadcast_flag(flag):
   # psum's transpose sums the devices' cotangents 0 + 1 + ... + 7 = 28.
   expected = 2 * 28 * x if flag > 0 else 3 * index * np.ones_like(x)
   np.testing.assert_allclose(out, expected, rtol=1e-5)
+
+
+def test_the_gradient_of_a_softmax_over_an_inner_axis_in_a_scan():
+  # softmax on a non-last axis transposes by a permutation computed from
+  # the rank; DTensor lays out a transpose only with a constant one.
+  x = data(3, 4)
+  w = np.array([[1.], [0.5]], np.float32)
+
+  def gradient(v, weights):
+    with tf.GradientTape() as tape:
+      tape.watch(weights)
+      y = tf.scan(lambda c, wi: tf.nn.softmax(c * wi, axis=0), weights,
+                  initializer=v)[-1]
+      loss = tf.reduce_sum(y * v)
+    return tape.gradient(loss, weights)
+
+  def one_device(v):
+    # The same loss in NumPy, differentiated by central differences.
+    def loss(weights):
+      c = v.astype(np.float64)
+      for wi in weights:
+        e = np.exp(c * wi - (c * wi).max(0))
+        c = e / e.sum(0)
+      return (c * v).sum()
+    return numpy_reference.finite_difference(loss, w.astype(np.float64),
+                                             eps=1e-4)
+
+  out = run(gradient, x, w, in_axes=(0, None))
+  np.testing.assert_allclose(out, np.stack([one_device(v) for v in x]),
+                             rtol=1e-3, atol=1e-4)

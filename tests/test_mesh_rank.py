@@ -192,3 +192,25 @@ def test_every_collective_of_rank_6_blocks_on_meshes_of_3_and_5_axes(
                          out_specs=P(names))(x)
   np.testing.assert_allclose(np.asarray(out), reference(x, shape),
                              rtol=1e-5, atol=1e-5)
+
+
+def test_the_gradient_of_a_concat_of_slices_on_a_four_axis_mesh():
+  # Rotary embeddings concatenate slices of the last dimension; their
+  # gradient slices at offsets TensorFlow computes (ConcatOffset) and puts
+  # the slices' gradients back (StridedSliceGrad), at rank 9 here.
+  mesh, names = mesh_of((1, 2, 1, 4))
+  x = np.arange(128, dtype=np.float32).reshape(16, 2, 1, 1, 4) / 100
+
+  def program(b):
+    with tf.GradientTape() as tape:
+      tape.watch(b)
+      c = tf.concat([b[..., 2:], b[..., :2]], axis=-1)
+      y = tf.reduce_sum(c * tf.range(4, dtype=tf.float32))
+    return tape.gradient(y, b)
+
+  out = tfspmd.shard_map(program, mesh=mesh, in_specs=P(names),
+                         out_specs=P(names))(x)
+  # c[k] = b[(k + 2) % 4], weighted by k: b[j] gets weight (j - 2) % 4.
+  weights = np.array([(j - 2) % 4 for j in range(4)], np.float32)
+  np.testing.assert_array_equal(np.asarray(out),
+                                np.broadcast_to(weights, x.shape))

@@ -108,13 +108,17 @@ def flat_where_too_high(value, collective):
   dimensions are the device's own, so the reshape moves no data.
   """
   shape = value.shape
-  if not shape.is_fully_defined() or (
+  split = axis_env.split_leading_dims()
+  if not shape.is_fully_defined() or shape.rank <= split + 1 or (
       shape.rank + len(axis_env.frames()) <= merged_dims.MAX_KERNEL_RANK):
     return collective(value)
-  flat = collective(tf.reshape(value, [-1]))
+  sizes = shape.as_list()
+  flat = collective(tf.reshape(value, sizes[:split] + [-1]))
+  if split:
+    return tf.reshape(flat, sizes)
   # Split as a device's own value before it takes its rank back, or
   # DTensor may move it between layouts at that rank.
-  return tf.reshape(pin.pin(flat, [dtensor.UNSHARDED]), shape)
+  return tf.reshape(pin.pin(flat, [dtensor.UNSHARDED]), sizes)
 
 
 def merged_around(value, axes):
@@ -136,7 +140,8 @@ def merged_around(value, axes):
     return None
   sizes = shape.as_list()
   merged, positions, start = [], {}, 0
-  for axis in sorted(set(axes)):
+  split = range(axis_env.split_leading_dims())
+  for axis in sorted(set(axes).union(split)):
     if start < axis:
       merged.append(math.prod(sizes[start:axis]))
     positions[axis] = len(merged)

@@ -28,10 +28,14 @@ def broadcast(value, shape):
   """
   if merged_dims.fully_defined(value):
     result = tf.broadcast_static_shape(value.shape, tf.TensorShape(shape))
+    if result.as_list() == value.shape.as_list() and all(
+        d == 1 for d in shape):
+      return value
     if result.rank > merged_dims.MAX_KERNEL_RANK:
       result = result.as_list()
       runs = merged_dims.runs_of_alike_dims(
-          [tuple(value.shape.as_list()), tuple(shape)], tuple(result))
+          [tuple(value.shape.as_list()), tuple(shape)], tuple(result),
+          merged_dims.split_leading_dims())
       if len(runs) < len(result):
         merged = tf.reshape(value, merged_dims.merged_shape(
             value.shape.as_list(), runs, len(result)))

@@ -18,14 +18,15 @@ _BINARY = {
     "NotEqual": np.not_equal, "LogicalAnd": np.logical_and,
     "LogicalOr": np.logical_or, "AddV2": np.add, "Sub": np.subtract,
     "Mul": np.multiply, "Maximum": np.maximum, "Minimum": np.minimum,
+    "FloorMod": np.mod, "FloorDiv": np.floor_divide,
 }
 
 
 # Ops on small integer tensors (shapes, offsets) that are run eagerly once
 # their inputs are known.
 _INDEX_OPS = frozenset({
-    "ConcatV2", "ExpandDims", "GatherV2", "Max", "Min", "Neg", "Pack",
-    "Prod", "Reshape", "Slice", "Squeeze", "StridedSlice", "Sum",
+    "ConcatOffset", "ConcatV2", "ExpandDims", "OnesLike", "GatherV2", "Max", "Min", "Neg", "Pack",
+    "Prod", "Range", "Reshape", "Slice", "Squeeze", "StridedSlice", "Sum",
 })
 
 

@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.core import dtensor_settings
+from tfspmd._src.core import merged_dims
 from tfspmd._src.core import multiprocess_hooks
 from tfspmd._src.core import run_errors
 from tfspmd._src.core import tf_internal
@@ -457,8 +458,8 @@ def _check_kernel_ranks(graph, axis_name, mesh_key):
   dims, _, devices = mesh_key
   if any(device.platform == "tpu" for device in devices):
     return
-  found = control_flow.find_operation(graph.get_operations(),
-                                      rank_limits.exceeds_kernel_rank)
+  found = control_flow.find_live_operation(graph,
+                                           rank_limits.exceeds_kernel_rank)
   if found is not None:
     raise rank_limits.kernel_rank_error(found, axis_name, len(dims))
 
@@ -469,9 +470,30 @@ def _relayout(value, layout):
   DTensor's collectives refuse uint64 (TF 2.21); the cast keeps the bits.
   """
   if value.dtype != tf.uint64:
-    return dtensor.relayout(value, layout)
-  moved = dtensor.relayout(tf.cast(value, tf.int64), layout)
+    return _relayout_below_kernel_rank(value, layout)
+  moved = _relayout_below_kernel_rank(tf.cast(value, tf.int64), layout)
   return tf.cast(moved, tf.uint64)
+
+
+def _relayout_below_kernel_rank(value, layout):
+  """`dtensor.relayout`, of a value past rank 8 with its whole tail merged.
+
+  DTensor moves a value between layouts with slices of its rank, which
+  TensorFlow's kernels take up to rank 8; the dimensions after the last
+  split one are whole on every device, so merging them moves no data.
+  """
+  specs = list(layout.sharding_specs)
+  shape = value.shape
+  split = [k for k, spec in enumerate(specs) if spec != dtensor.UNSHARDED]
+  kept = (split[-1] + 1) if split else 0
+  if (shape.rank is None or shape.rank <= merged_dims.MAX_KERNEL_RANK or
+      not shape.is_fully_defined() or kept + 1 >= shape.rank):
+    return dtensor.relayout(value, layout)
+  sizes = shape.as_list()
+  merged = tf.reshape(value, sizes[:kept] + [-1])
+  moved = dtensor.relayout(merged, dtensor.Layout(
+      specs[:kept] + [dtensor.UNSHARDED], layout.mesh))
+  return tf.reshape(moved, sizes)
 
 
 def _carry_treedef(dynamic, steps):

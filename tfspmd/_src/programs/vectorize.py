@@ -128,8 +128,10 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       return marked
 
   try:
+    # pfor's own stacking (a tile) is rewritten too where it passes rank 8.
     with side_effects.recording() as effects, \
-        control_flow.remembered_loop_stacking(), lane_guards.vectorizing():
+        control_flow.remembered_loop_stacking(), lane_guards.vectorizing(), \
+        dtensor_rewrites.rewriting_traced_ops():
       stacked = tf_internal.vectorize_loop(loop_fn, size,
                                            control_flow.prepare)
     if traced["anchored"]:

@@ -87,6 +87,32 @@ def find_operation(operations, predicate):
   return None
 
 
+def find_live_operation(graph, predicate):
+  """The first op some output of `graph` depends on that satisfies `predicate`.
+
+  Follows the functions control flow calls, from their outputs. Ops that
+  nothing uses (those an op callback replaced while tracing) never run and
+  are not looked at.
+  """
+  seen = set()
+  pending = [t.op for t in graph.outputs] + list(graph.control_outputs)
+  while pending:
+    operation = pending.pop()
+    if operation in seen:
+      continue
+    seen.add(operation)
+    if predicate(operation):
+      return operation
+    pending.extend(t.op for t in operation.inputs)
+    pending.extend(operation.control_inputs)
+    if operation.type in CONVERTERS:
+      for called in called_graphs(operation):
+        found = find_live_operation(called, predicate)
+        if found is not None:
+          return found
+  return None
+
+
 def effect_operations(operations, axis_name):
   """The ops among `operations` that are, or hold, side effects to keep.
 

@@ -52,12 +52,13 @@ def rewriting_traced_ops():
 
   pfor copies an op whose inputs are the same on every device as it is,
   with no converter, so these are rewritten before pfor sees them (an op
-  callback): a select with a scalar condition gets a full one, and the
-  scatters take int32 indices, and sorted segment reductions over
-  constant ids get their static size (`_REWRITES`); slices and broadcasts
-  that the mapped axes would take past rank 8 run on merged dimensions
-  (`rank_limits`). Nested pmaps trace within
-  their enclosing one's: the rewrite is installed once, by the outermost.
+  callback): a select with a scalar condition gets a full one, the
+  scatters take int32 indices, sorted segment reductions over constant
+  ids get their static size and transposes their permutation as a
+  constant (`_REWRITES`); slices and broadcasts that the mapped axes would
+  take past rank 8 run on merged dimensions (`rank_limits`). Nested pmaps
+  trace within their enclosing one's: the rewrite is installed once, by
+  the outermost.
   """
   if getattr(_rewriting, "active", False):
     yield
@@ -128,7 +129,25 @@ def _int32_indices(op_type, inputs, outputs, name):
       name=name)]
 
 
+def _constant_permutation(op_type, inputs, outputs, name):
+  """A transpose whose permutation is computed from shapes, with it constant.
+
+  DTensor lays out a Transpose only with a constant permutation ("failed to
+  extract constant value", TF 2.21); softmax's gradient on an inner axis
+  computes it from the rank.
+  """
+  del op_type, outputs
+  value, permutation = inputs
+  if permutation.op.type == "Const":
+    return None
+  known = static_values.value(permutation)
+  if known is None:
+    return None
+  return [tf.transpose(value, known.tolist(), name=name)]
+
+
 _REWRITES = {
+    "Transpose": _constant_permutation,
     "Select": _full_condition_select,
     "SelectV2": _full_condition_select,
     "ScatterNd": _int32_indices,

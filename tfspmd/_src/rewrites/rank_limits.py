@@ -15,6 +15,7 @@ same; an op that still passes the limit is found before the program runs
 import tensorflow as tf
 
 from tfspmd._src.core import merged_dims
+from tfspmd._src.core import static_values
 from tfspmd._src.core import tf_internal
 from tfspmd._src.runtime import axis_env
 
@@ -31,7 +32,7 @@ BROADCASTING = frozenset((
     "SelectV2", "BroadcastTo",
 ))
 SLICING = frozenset(("StridedSlice", "Slice"))
-REWRITTEN = BROADCASTING | SLICING | {"Tile"}
+REWRITTEN = BROADCASTING | SLICING | {"Tile", "StridedSliceGrad"}
 LIMITED = BROADCASTING | SLICING | frozenset((
     "Tile", "Pad", "PadV2", "MirrorPad", "ReverseV2", "StridedSliceGrad"))
 
@@ -44,7 +45,7 @@ def _room():
 def rewrite(op_type, inputs, outputs, name):
   """The op on merged dimensions where it would pass the limit; else None."""
   del name
-  if not outputs or not axis_env.frames():
+  if not outputs:
     return None
   result = outputs[0]
   if result.shape.rank is None:
@@ -56,18 +57,22 @@ def rewrite(op_type, inputs, outputs, name):
     return _merged_slice(op_type, inputs, outputs)
   if op_type == "Tile":
     return _merged_tile(inputs, outputs)
+  if op_type == "StridedSliceGrad":
+    return _merged_slice_gradient(inputs, outputs)
   return _merged_broadcast(op_type, inputs, outputs)
 
 
 def _merged_tile(inputs, outputs):
   """A tile on merged runs of the dimensions it does not repeat."""
   value, multiples = inputs
-  multiples = tf.get_static_value(multiples)
+  multiples = static_values.value(multiples)
   if multiples is None or not merged_dims.fully_defined(value):
     return None
   merged_shape, merged_multiples = [], []
-  for size, times in zip(value.shape.as_list(), multiples):
-    if times == 1 and merged_multiples and merged_multiples[-1] == 1:
+  split = axis_env.split_leading_dims()
+  for dim, (size, times) in enumerate(zip(value.shape.as_list(), multiples)):
+    if (dim >= split and times == 1 and merged_multiples and
+        merged_multiples[-1] == 1):
       merged_shape[-1] *= size
       continue
     merged_shape.append(size)
@@ -86,7 +91,8 @@ def _merged_broadcast(op_type, inputs, outputs):
     # Operands of the result's shape need no broadcast, at any rank.
     return None
   shapes = [tuple(t.shape.as_list()) for t in operands]
-  runs = merged_dims.runs_of_alike_dims(shapes, tuple(result_shape))
+  runs = merged_dims.runs_of_alike_dims(shapes, tuple(result_shape),
+                                        axis_env.split_leading_dims())
   if len(runs) == len(result_shape):
     return None
   rank = len(result_shape)
@@ -135,7 +141,7 @@ def convert_binary(op_inputs):
   names = _ARGUMENT_NAMES.get(op_inputs.op.type, ("x", "y"))
   merged = merged_dims.broadcast_on_merged_dims(
       lambda *merged: getattr(tf.raw_ops, op_inputs.op.type)(
-          **dict(zip(names, merged))), operands, result)
+          **dict(zip(names, merged))), operands, result, axis_env.split_leading_dims())
   if merged is None:
     return default(op_inputs)
   return [tf_internal.wrap_converted(merged, True)]
@@ -147,7 +153,7 @@ def _slice_of_each_dim(op_type, inputs, operation, shape):
   None if the slice's bounds are not constants.
   """
   if op_type == "Slice":
-    begin, size = (tf.get_static_value(t) for t in inputs[1:3])
+    begin, size = (static_values.value(t) for t in inputs[1:3])
     if begin is None or size is None:
       return None
     found = []
@@ -155,7 +161,7 @@ def _slice_of_each_dim(op_type, inputs, operation, shape):
       stop = d if s == -1 else b + s
       found.append(None if (b, stop) == (0, d) else slice(int(b), int(stop)))
     return found
-  begin, end, strides = (tf.get_static_value(t) for t in inputs[1:4])
+  begin, end, strides = (static_values.value(t) for t in inputs[1:4])
   if begin is None or end is None or strides is None:
     return None
   masks = {key: operation.get_attr(key) for key in (
@@ -186,6 +192,20 @@ def _slice_of_each_dim(op_type, inputs, operation, shape):
   return found
 
 
+def _merged_spec(shape, per_dim):
+  """`(shape, per-dimension slices)` with adjacent whole dimensions merged."""
+  merged_shape, merged_slice = [], []
+  split = axis_env.split_leading_dims()
+  for dim, (size, taken) in enumerate(zip(shape, per_dim)):
+    if (dim >= split and taken is None and merged_slice and
+        merged_slice[-1] is None):
+      merged_shape[-1] *= size
+      continue
+    merged_shape.append(size)
+    merged_slice.append(taken)
+  return merged_shape, merged_slice
+
+
 def _merged_slice(op_type, inputs, outputs):
   value = inputs[0]
   if not merged_dims.fully_defined(value):
@@ -194,19 +214,49 @@ def _merged_slice(op_type, inputs, outputs):
   per_dim = _slice_of_each_dim(op_type, inputs, outputs[0].op, shape)
   if per_dim is None:
     return None
-  merged_shape, merged_slice = [], []
-  for size, taken in zip(shape, per_dim):
-    if taken is None and merged_slice and merged_slice[-1] is None:
-      merged_shape[-1] *= size
-      continue
-    merged_shape.append(size)
-    merged_slice.append(taken)
+  merged_shape, merged_slice = _merged_spec(shape, per_dim)
   if len(merged_shape) == len(shape):
     return None
   merged = tf.reshape(value, merged_shape)
   sliced = merged[tuple(slice(None) if t is None else t
                         for t in merged_slice)]
   return [tf.reshape(sliced, outputs[0].shape.as_list())]
+
+
+def _merged_slice_gradient(inputs, outputs):
+  """A strided slice's gradient on merged dimensions: `dy` put in zeros."""
+  shape, dy = static_values.value(inputs[0]), inputs[4]
+  if shape is None or not merged_dims.fully_defined(dy):
+    return None
+  shape = [int(d) for d in shape]
+  per_dim = _slice_of_each_dim("StridedSlice", inputs, outputs[0].op, shape)
+  if per_dim is None:
+    return None
+  merged_shape, merged_slice = _merged_spec(shape, per_dim)
+  if len(merged_shape) == len(shape):
+    return None
+  begin, end, strides, sliced_shape = [], [], [], []
+  masks = {"begin_mask": 0, "end_mask": 0, "shrink_axis_mask": 0}
+  for k, (size, taken) in enumerate(zip(merged_shape, merged_slice)):
+    if isinstance(taken, int):
+      begin.append(taken)
+      end.append(taken + 1)
+      strides.append(1)
+      masks["shrink_axis_mask"] |= 1 << k
+      continue
+    taken = taken or slice(None)
+    begin.append(0 if taken.start is None else taken.start)
+    end.append(0 if taken.stop is None else taken.stop)
+    strides.append(1 if taken.step is None else taken.step)
+    masks["begin_mask"] |= (taken.start is None) << k
+    masks["end_mask"] |= (taken.stop is None) << k
+    sliced_shape.append(len(range(size)[taken]))
+  dtype = inputs[1].dtype
+  gradient = tf.raw_ops.StridedSliceGrad(
+      shape=tf.constant(merged_shape, dtype), begin=tf.constant(begin, dtype),
+      end=tf.constant(end, dtype), strides=tf.constant(strides, dtype),
+      dy=tf.reshape(dy, sliced_shape), **masks)
+  return [tf.reshape(gradient, shape)]
 
 
 def exceeds_kernel_rank(operation):

@@ -17,6 +17,7 @@ import threading
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from tfspmd._src.core import merged_dims
 from tfspmd._src.runtime import mesh as mesh_lib
 
 
@@ -163,6 +164,24 @@ _state = _State()
 def frames():
   """The bound axes, outermost first."""
   return tuple(_state.frames)
+
+
+def split_leading_dims():
+  """How many leading dimensions of a value traced now lie split over devices.
+
+  0 inside a per-device function; while a pmap level is vectorized (its
+  own frame no longer bound), the stacked dimensions of its axis and of
+  the levels inside it: one per mesh dimension not bound by an enclosing
+  level. A reshape that merged one of them would move data between the
+  devices.
+  """
+  state = _state.trace
+  if state is None:
+    return 0
+  return max(len(state.mesh_axes) - len(_state.frames), 0)
+
+
+merged_dims.split_leading_dims = split_leading_dims
 
 
 def trace_state():
