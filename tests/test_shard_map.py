@@ -4,6 +4,7 @@ Its errors are in the catalogue (tests/test_errors.py, group "shard_map and
 meshes").
 """
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -413,3 +414,19 @@ def test_specs_are_tree_prefixes_of_arguments_and_outputs(mesh):
   np.testing.assert_allclose(out["h"], x @ params["w"] + params["b"],
                              rtol=1e-5, atol=1e-6)
   np.testing.assert_array_equal(out["rows"], x)
+
+
+def test_specs_in_a_class_registered_as_a_pytree():
+  @tfspmd.tree_util.register_dataclass
+  @dataclasses.dataclass
+  class Pair:
+    a: object
+    b: object
+
+  mesh = tfspmd.make_mesh((8,), ("x",))
+  out = tfspmd.shard_map(lambda p: Pair(p.a * 2, p.b), mesh=mesh,
+                         in_specs=(Pair(P("x"), P()),),
+                         out_specs=Pair(P("x"), P()))(
+                             Pair(np.arange(8.), np.float32(1.)))
+  np.testing.assert_array_equal(np.asarray(out.a), np.arange(8.) * 2)
+  np.testing.assert_array_equal(np.asarray(out.b), 1.)

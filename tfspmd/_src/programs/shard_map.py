@@ -64,19 +64,19 @@ def _as_spec(value):
 
 
 def _map_specs(specs, function, name):
-  """`specs` with each PartitionSpec (or None) leaf replaced by `function(spec)`."""
-  if _is_spec(specs):
-    return function(_as_spec(specs))
-  if isinstance(specs, (tuple, list)):
-    mapped = [_map_specs(s, function, name) for s in specs]
-    if hasattr(specs, "_fields"):
-      return type(specs)(*mapped)
-    return type(specs)(mapped)
-  if isinstance(specs, dict):
-    return {k: _map_specs(v, function, name) for k, v in specs.items()}
-  raise TypeError(
-      f"shard_map: `{name}` must hold PartitionSpecs (tfspmd.P(...)) in "
-      f"tuples, lists or dicts, got {type(specs).__name__} {specs!r}.")
+  """`specs` with each PartitionSpec (or None) leaf replaced by `function(spec)`.
+
+  The containers are any pytree's, classes registered with
+  `tfspmd.tree_util` included, as in JAX.
+  """
+  leaves, treedef = tree.flatten(specs, is_leaf=_is_spec)
+  for leaf in leaves:
+    if not _is_spec(leaf):
+      raise TypeError(
+          f"shard_map: `{name}` must hold PartitionSpecs (tfspmd.P(...)) in "
+          f"pytrees (tuples, lists, dicts, registered classes), got "
+          f"{type(leaf).__name__} {leaf!r} in {specs!r}.")
+  return treedef.unflatten([function(_as_spec(leaf)) for leaf in leaves])
 
 
 def _mesh_axis_position(spec, names, level):
