@@ -865,13 +865,13 @@ def test_numpy_reference_reproduces_jax_loss_and_gradient_sums():
   np.testing.assert_allclose(sums, JAX_GRAD_SUMS, rtol=1e-5, atol=1e-6)
 
 
-# The gradient of the token lookup (a gather whose indices differ along two
-# mesh axes, then a psum) vectorizes to a transpose of two split dimensions,
-# which DTensor (TF 2.21) refuses: "TransposeOp SPMD needs communication".
-_NESTED_GATHER_GRADIENT = pytest.mark.xfail(
+# One of the step's einsums gets, for one label, operands split over two
+# different mesh axes ('fsdp' and 'sp'), and DTensor (TF 2.21) refuses to
+# lay it out: "incompatible mesh dimensions in equation".
+_EINSUM_LAYOUTS = pytest.mark.xfail(
     strict=True, raises=ValueError,
-    reason="the gradient of a gather whose indices differ along two mesh "
-           "axes transposes two split dimensions, which DTensor refuses")
+    reason="an einsum of the step has one label split over 'fsdp' in one "
+           "operand and 'sp' in another, which DTensor refuses to lay out")
 
 
 def trained():
@@ -908,7 +908,7 @@ def _train():
   return states, metrics
 
 
-@_NESTED_GATHER_GRADIENT
+@_EINSUM_LAYOUTS
 def test_training_step_matches_jax():
   states, metrics = trained()
   np.testing.assert_allclose(metrics, JAX_METRICS, rtol=1e-4, atol=1e-7)
@@ -921,7 +921,7 @@ def test_training_step_matches_jax():
                              JAX_WEIGHT_CHECKSUMS, rtol=1e-4, atol=1e-5)
 
 
-@_NESTED_GATHER_GRADIENT
+@_EINSUM_LAYOUTS
 def test_training_step_matches_numpy():
   states, metrics = trained()
   _, targets, is_seq_start = numpy_inputs()

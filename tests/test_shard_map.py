@@ -430,3 +430,30 @@ def test_specs_in_a_class_registered_as_a_pytree():
                              Pair(np.arange(8.), np.float32(1.)))
   np.testing.assert_array_equal(np.asarray(out.a), np.arange(8.) * 2)
   np.testing.assert_array_equal(np.asarray(out.b), 1.)
+
+
+def test_the_gradient_of_a_gather_at_indices_split_over_another_axis():
+  # seqax's token lookup: the table split over 'sp', the ids over 'fsdp';
+  # the indices differ along both axes, the table along one.
+  mesh = tfspmd.make_mesh((1, 2, 1, 4), ("dp", "fsdp", "tp", "sp"))
+  table = np.arange(32 * 3, dtype=np.float32).reshape(32, 3)
+  ids = np.arange(16, dtype=np.int32).reshape(2, 8) % 5
+
+  def gradient(table_block, ids_block):
+    with tf.GradientTape() as tape:
+      tape.watch(table_block)
+      rows = tf.gather(table_block, ids_block[0] + lax.axis_index("sp"))
+      rows = lax.psum(rows, "sp")
+      loss = tf.reduce_sum(rows * rows)
+    return tape.gradient(loss, table_block)
+
+  out = tfspmd.shard_map(gradient, mesh=mesh, in_specs=(P("sp"), P("fsdp")),
+                         out_specs=P("sp"), check_vma=False)(table, ids)
+  # The block of 'sp' device k comes from the first 'fsdp' device: its ids
+  # row 0. psum's transpose is psum, so 4 devices' cotangents 2 * R meet.
+  blocks = table.reshape(4, 8, 3)
+  total = sum(blocks[k][ids[0] + k] for k in range(4))
+  expected = np.zeros_like(blocks)
+  for k in range(4):
+    np.add.at(expected[k], ids[0] + k, 8 * total)
+  np.testing.assert_array_equal(np.asarray(out), expected.reshape(32, 3))

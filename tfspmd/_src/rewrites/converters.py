@@ -52,6 +52,8 @@ def _routes() -> dict[str, tuple[Route, ...]]:
   add(["BatchMatMulV2"], broadcast_matmul.convert)
   add(["Conv2DBackpropFilter"], conv_gradients.convert, conv_gradients.applies)
   add(["Slice"], dynamic_slices.convert_slice)
+  add(["GatherV2"], dynamic_slices.convert_batched_gather,
+      dynamic_slices.batched_gather_applies)
   add(["StridedSlice"], dynamic_slices.convert_strided_slice,
       dynamic_slices.strided_slice_applies)
   add(["StridedSlice"], new_axis.convert, new_axis.applies)

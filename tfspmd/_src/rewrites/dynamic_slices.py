@@ -11,6 +11,7 @@ the array (a slice that would run past the end starts earlier).
 
 import tensorflow as tf
 
+from tfspmd._src.core import stacking
 from tfspmd._src.core import tf_internal
 from tfspmd._src.rewrites import per_position
 
@@ -154,3 +155,29 @@ def slice_rows(value, begin, sizes):
     positions = start[:, None] + tf.range(size, dtype=tf.int64)[None, :]
     value = tf.gather(value, positions, axis=axis + 1, batch_dims=1)
   return value
+
+
+def batched_gather_applies(operation):
+  """Whether the GatherV2 `operation` takes `convert_batched_gather`."""
+  return operation.get_attr("batch_dims") != 0
+
+
+@_do_not_convert
+def convert_batched_gather(op_inputs):
+  """The converter of a gather with batch dimensions (`converters`).
+
+  A nested pmap's gather has the inner axes as batch dimensions. Where
+  only its indices differ along the axis being vectorized, pfor moves that
+  axis behind the batch ones and back by transposes, which swap dimensions
+  split over different mesh dimensions: DTensor refuses them ("needs
+  communication", TF 2.21). The params repeated along the axis instead
+  (each device holds its own copy) make it one more batch dimension, in
+  front, with no transpose.
+  """
+  params, indices = op_inputs.input(0), op_inputs.input(1)
+  if indices.stacked and not params.stacked:
+    values = op_inputs.inputs()
+    values[0] = tf_internal.ConvertedValue(stacking.repeat_along_new_axis(
+        params.tensor, 0, op_inputs.loop_size), True)
+    op_inputs = tf_internal.with_inputs(op_inputs, values)
+  return per_position.default_or_per_position(op_inputs)

@@ -17,6 +17,7 @@ import tensorflow as tf
 from tfspmd._src.core import static_values
 from tfspmd._src.core import tf_internal
 from tfspmd._src.rewrites import per_position
+from tfspmd._src.runtime import axis_env
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
@@ -50,8 +51,11 @@ def convert(op_inputs):
     return per_position.default_or_per_position(op_inputs)
   id_count = ids.shape.num_elements() // size
   operation = op_inputs.op
+  # The product merges the ids' dimensions: only where none of them is
+  # split over the devices (an inner pmap's axis would be).
   if (operation.type == "UnsortedSegmentSum" and data.dtype.is_floating and
-      id_count * segments <= _ONE_HOT_LIMIT):
+      id_count * segments <= _ONE_HOT_LIMIT and
+      axis_env.split_leading_dims() <= 1):
     return [tf_internal.wrap_converted(
         _one_hot_sum(data, ids, size, id_count, segments, row_shape), True)]
   offsets = tf.reshape(tf.range(size, dtype=ids.dtype) * segments,
