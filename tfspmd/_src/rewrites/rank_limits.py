@@ -32,8 +32,12 @@ BROADCASTING = frozenset((
     "SelectV2", "BroadcastTo",
 ))
 SLICING = frozenset(("StridedSlice", "Slice"))
-REWRITTEN = BROADCASTING | SLICING | {"Tile", "StridedSliceGrad"}
-LIMITED = BROADCASTING | SLICING | frozenset((
+# Softmax's CPU kernel (oneDNN) takes at most rank 5; it acts on the last
+# dimension alone, so the others merge into one.
+_SOFTMAX_RANK = 5
+SOFTMAX = frozenset(("Softmax", "LogSoftmax"))
+REWRITTEN = BROADCASTING | SLICING | SOFTMAX | {"Tile", "StridedSliceGrad"}
+LIMITED = BROADCASTING | SLICING | SOFTMAX | frozenset((
     "Tile", "Pad", "PadV2", "MirrorPad", "ReverseV2", "StridedSliceGrad"))
 
 
@@ -51,6 +55,8 @@ def rewrite(op_type, inputs, outputs, name):
   if result.shape.rank is None:
     return None
   rank = max([result.shape.rank] + [t.shape.rank or 0 for t in inputs[:1]])
+  if op_type in SOFTMAX:
+    return _merged_softmax(op_type, inputs[0], rank)
   if rank <= _room() or not result.shape.is_fully_defined():
     return None
   if op_type in SLICING:
@@ -60,6 +66,18 @@ def rewrite(op_type, inputs, outputs, name):
   if op_type == "StridedSliceGrad":
     return _merged_slice_gradient(inputs, outputs)
   return _merged_broadcast(op_type, inputs, outputs)
+
+
+def _merged_softmax(op_type, logits, rank):
+  """A softmax of a rank its kernel would not take, on `[rows, last]`."""
+  split = axis_env.split_leading_dims()
+  room = _SOFTMAX_RANK - len(axis_env.frames())
+  if rank <= room or rank <= split + 2 or not logits.shape.is_fully_defined():
+    return None
+  sizes = logits.shape.as_list()
+  merged = tf.reshape(logits, sizes[:split] + [-1, sizes[-1]])
+  function = tf.nn.softmax if op_type == "Softmax" else tf.nn.log_softmax
+  return [tf.reshape(function(merged), sizes)]
 
 
 def _merged_tile(inputs, outputs):
@@ -269,7 +287,9 @@ def exceeds_kernel_rank(operation):
     return False
   result = operation.outputs[0].shape
   ranks = [t.shape.rank for t in (operation.inputs[0], operation.outputs[0])]
-  if None in ranks or max(ranks) <= merged_dims.MAX_KERNEL_RANK:
+  limit = (_SOFTMAX_RANK if operation.type in SOFTMAX else
+           merged_dims.MAX_KERNEL_RANK)
+  if None in ranks or max(ranks) <= limit:
     return False
   if operation.type in BROADCASTING and operation.type != "BroadcastTo":
     return not all(t.shape == result for t in operation.inputs)
@@ -287,7 +307,7 @@ def kernel_rank_error(operation, axis_name, mapped_axes):
       f"vectorized: each of the {mapped_axes} mapped axes (mesh axes of size "
       f"1 included) adds a dimension to every tensor of the program, and "
       f"TensorFlow's CPU kernels of this op take at most "
-      f"{merged_dims.MAX_KERNEL_RANK}. Dimensions it takes whole or "
+      f"{_SOFTMAX_RANK if operation.type in SOFTMAX else merged_dims.MAX_KERNEL_RANK}. Dimensions it takes whole or "
       f"broadcasts alike are merged already; reshape the value to fewer "
       f"dimensions before the op (merging those it slices or broadcasts "
       f"differently), or map over fewer axes.")
