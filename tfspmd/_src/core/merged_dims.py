@@ -76,7 +76,8 @@ def broadcast_on_merged_dims(function, operands, result_shape, split=0):
   """`function(*operands)`, a broadcasting op, computed on merged dimensions.
 
   Args:
-    function: Takes the operands (reshaped) and returns one tensor.
+    function: `function(merged_operands, merged_result_shape)` returns the
+      op's result on the merged dimensions.
     operands: Tensors of static shapes that broadcast to `result_shape`.
     result_shape: The static result shape (a list of ints).
     split: See `runs_of_alike_dims`.
@@ -91,7 +92,8 @@ def broadcast_on_merged_dims(function, operands, result_shape, split=0):
   rank = len(result_shape)
   merged = [tf.reshape(t, merged_shape(s, runs, rank))
             for t, s in zip(operands, shapes)]
-  return tf.reshape(function(*merged), result_shape)
+  return tf.reshape(function(merged, merged_shape(result_shape, runs, rank)),
+                    result_shape)
 
 
 def fully_defined(*tensors):

@@ -12,6 +12,8 @@ same; an op that still passes the limit is found before the program runs
 (`exceeds_kernel_rank`).
 """
 
+import functools
+
 import tensorflow as tf
 
 from tfspmd._src.core import merged_dims
@@ -108,21 +110,18 @@ def _merged_broadcast(op_type, inputs, outputs):
       t.shape.as_list() == result_shape for t in operands):
     # Operands of the result's shape need no broadcast, at any rank.
     return None
-  shapes = [tuple(t.shape.as_list()) for t in operands]
-  runs = merged_dims.runs_of_alike_dims(shapes, tuple(result_shape),
-                                        axis_env.split_leading_dims())
-  if len(runs) == len(result_shape):
-    return None
-  rank = len(result_shape)
-  merged = [tf.reshape(t, merged_dims.merged_shape(s, runs, rank))
-            for t, s in zip(operands, shapes)]
+  merged = merged_dims.broadcast_on_merged_dims(
+      functools.partial(_on_merged_dims, op_type), operands, result_shape,
+      axis_env.split_leading_dims())
+  return None if merged is None else [merged]
+
+
+def _on_merged_dims(op_type, operands, result_shape):
+  """The broadcasting op `op_type` on merged `operands`, of `result_shape`."""
   if op_type == "BroadcastTo":
-    value = tf.broadcast_to(merged[0],
-                            merged_dims.merged_shape(result_shape, runs, rank))
-  else:
-    names = _ARGUMENT_NAMES.get(op_type, ("x", "y"))
-    value = getattr(tf.raw_ops, op_type)(**dict(zip(names, merged)))
-  return [tf.reshape(value, result_shape)]
+    return tf.broadcast_to(operands[0], result_shape)
+  names = _ARGUMENT_NAMES.get(op_type, ("x", "y"))
+  return getattr(tf.raw_ops, op_type)(**dict(zip(names, operands)))
 
 
 _ARGUMENT_NAMES = {"SelectV2": ("condition", "t", "e"), "Atan2": ("y", "x")}
@@ -156,10 +155,9 @@ def convert_binary(op_inputs):
       all(shape == result for shape in shapes)):
     return default(op_inputs)
   operands = [tf.reshape(v.tensor, shape) for v, shape in zip(values, shapes)]
-  names = _ARGUMENT_NAMES.get(op_inputs.op.type, ("x", "y"))
   merged = merged_dims.broadcast_on_merged_dims(
-      lambda *merged: getattr(tf.raw_ops, op_inputs.op.type)(
-          **dict(zip(names, merged))), operands, result, axis_env.split_leading_dims())
+      functools.partial(_on_merged_dims, op_inputs.op.type), operands, result,
+      axis_env.split_leading_dims())
   if merged is None:
     return default(op_inputs)
   return [tf_internal.wrap_converted(merged, True)]
