@@ -865,30 +865,10 @@ def test_numpy_reference_reproduces_jax_loss_and_gradient_sums():
   np.testing.assert_allclose(sums, JAX_GRAD_SUMS, rtol=1e-5, atol=1e-6)
 
 
-# One of the step's einsums gets, for one label, operands split over two
-# different mesh axes ('fsdp' and 'sp'), and DTensor (TF 2.21) refuses to
-# lay it out: "incompatible mesh dimensions in equation".
-_EINSUM_LAYOUTS = pytest.mark.xfail(
-    strict=True, raises=ValueError,
-    reason="an einsum of the step has one label split over 'fsdp' in one "
-           "operand and 'sp' in another, which DTensor refuses to lay out")
-
-
+@functools.lru_cache(maxsize=None)
 def trained():
   """The states and metrics of 4 training steps with tfspmd, run once."""
-  outcome, error = _training()
-  if error is not None:
-    raise error
-  return outcome
-
-
-@functools.lru_cache(maxsize=None)
-def _training():
-  """`(outcome of _train(), None)`, or `(None, the error it raised)`."""
-  try:
-    return _train(), None
-  except ValueError as e:
-    return None, e
+  return _train()
 
 
 def _train():
@@ -908,7 +888,6 @@ def _train():
   return states, metrics
 
 
-@_EINSUM_LAYOUTS
 def test_training_step_matches_jax():
   states, metrics = trained()
   np.testing.assert_allclose(metrics, JAX_METRICS, rtol=1e-4, atol=1e-7)
@@ -921,7 +900,6 @@ def test_training_step_matches_jax():
                              JAX_WEIGHT_CHECKSUMS, rtol=1e-4, atol=1e-5)
 
 
-@_EINSUM_LAYOUTS
 def test_training_step_matches_numpy():
   states, metrics = trained()
   _, targets, is_seq_start = numpy_inputs()

@@ -115,13 +115,14 @@ def _all_gather_leaf(value, targets, groups, axis, tiled):
     shape[axis] *= size
   else:
     shape.insert(axis, size)
-  return marker.with_transpose(
+  gathered = marker.with_transpose(
       value, targets,
       groups_lib.within(_gather_step(axis, tiled), groups), "all_gather",
       lambda cotangent: _psum_scatter_leaf(cotangent, targets, groups, axis,
                                            tiled),
       # Each group gathers its own values: the result varies between them.
       result_shape=shape, joint=True, varies=groups is not None)
+  return pin.whole_on_each_device(gathered)
 
 
 def _psum_scatter_leaf(value, targets, groups, dimension, tiled):

@@ -19,6 +19,7 @@ and the outermost level emits the relayout.
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from tfspmd._src.core import merged_dims
 from tfspmd._src.core import tf_internal
 from tfspmd._src.runtime import axis_env
 
@@ -37,13 +38,34 @@ def applies(frame, batch_dims):
           frame.mesh_dim is not None and not batch_dims)
 
 
-def pin(tensor, spec):
+def whole_on_each_device(tensor):
+  """`tensor` (a device's own value) held whole by each device.
+
+  A gathered value is otherwise left split over the mesh dimensions it was
+  gathered from, to be gathered where it is used; two such values split
+  over different dimensions then meet in one op (the contraction of an
+  einsum whose operands were gathered over other axes), which DTensor
+  refuses to lay out. On a mesh of one dimension they cannot differ.
+  """
+  state = axis_env.trace_state()
+  rank = tensor.shape.rank
+  if state is None or len(state.mesh_axes) < 2 or rank is None or (
+      rank + len(axis_env.frames()) > merged_dims.MAX_KERNEL_RANK):
+    # Past the rank DTensor's relayouts take, the value stays as it is.
+    return tensor
+  return pin(tensor, [dtensor.UNSHARDED] * rank, where_same=True)
+
+
+def pin(tensor, spec, where_same=False):
   """`tensor`, to be split over the mesh as `spec` says.
 
   Args:
     tensor: A value of the level whose step calls this.
     spec: One mesh dimension name or `dtensor.UNSHARDED` per axis of
       `tensor`.
+    where_same: Whether to pin it also where it is the same on every
+      device of an enclosing level; otherwise the layout is left to
+      DTensor there.
 
   Returns:
     `tensor` relaid out to `spec` (with the mesh dimensions of the
@@ -54,21 +76,28 @@ def pin(tensor, spec):
   state = axis_env.trace_state()
   if state is None or not state.lays_out:
     return tensor
-  return _pin(tensor, list(spec), axis_env.frames(), state)
+  return _pin(tensor, list(spec), axis_env.frames(), state, where_same)
 
 
-def _pin(tensor, spec, outer, state):
+def _pin(tensor, spec, outer, state, where_same):
   if not outer:
     return dtensor.relayout(tensor, state.layout(spec))
   frame = outer[-1]
-  marked = tf.identity(tensor)
+  # pfor leaves an op whose inputs are all the same on every device of the
+  # level as it is, so the level's index rides along where the marker must
+  # be converted there too.
+  inputs = [tensor] + ([tf_internal.reachable(frame.index)]
+                       if where_same else [])
+  marked = tf.raw_ops.IdentityN(input=inputs)[0]
 
   @_do_not_convert
   def convert(op_inputs):
     value, stacked = op_inputs.input(0)
     dims = [frame.mesh_dim or dtensor.UNSHARDED] if stacked else []
     return [tf_internal.wrap_converted(
-        _pin(value, dims + spec, outer[:-1], state), stacked)]
+        _pin(value, dims + spec, outer[:-1], state, where_same), stacked)] + [
+            tf_internal.wrap_converted(*op_inputs.input(k))
+            for k in range(1, op_inputs.num_inputs)]
 
   tf_internal.set_pfor_converter(marked.op, convert)
   return marked

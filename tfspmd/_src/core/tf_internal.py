@@ -31,6 +31,7 @@ try:
   from tensorflow.core.protobuf import config_pb2 as _config_pb2
   from tensorflow.python.framework import func_graph as _func_graph
   from tensorflow.python.framework import op_callbacks as _op_callbacks
+  from tensorflow.python.ops import control_flow_util_v2 as _control_flow_util
   from tensorflow.python.ops import gen_resource_variable_ops as _gen_variables
   from tensorflow.python.ops import gen_state_ops as _gen_state
   from tensorflow.python.ops import gen_training_ops as _gen_training
@@ -696,6 +697,11 @@ def recreate_op_eagerly(operation, inputs):
       operation.type.encode(), len(operation.outputs),
       inputs=[tf.constant(v) for v in inputs], attrs=tuple(attrs),
       ctx=_context.context())
+
+
+def in_loop_body(operation):
+  """Whether `operation` lies in the body of a `tf.while_loop` (or its gradient)."""
+  return isinstance(operation.graph, _control_flow_util.WhileBodyFuncGraph)
 
 
 def reachable(tensor):

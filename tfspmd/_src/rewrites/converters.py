@@ -42,6 +42,12 @@ class Route(NamedTuple):
   applies: Callable[[tf.Operation], bool] | None = None
 
 
+_DTENSOR_REWRITE_APPLIES = {
+    "Einsum": dtensor_rewrites.einsum_applies,
+    "IdentityN": dtensor_rewrites.identity_n_applies,
+}
+
+
 def _routes() -> dict[str, tuple[Route, ...]]:
   routes: dict[str, list[Route]] = {}
 
@@ -62,8 +68,7 @@ def _routes() -> dict[str, tuple[Route, ...]]:
   add(segment_reductions.SEGMENT_TYPES, segment_reductions.convert)
   add(sorted(rank_limits.BINARY), rank_limits.convert_binary)
   for op_type, converter in dtensor_rewrites.CONVERTERS.items():
-    add([op_type], converter,
-        dtensor_rewrites.einsum_applies if op_type == "Einsum" else None)
+    add([op_type], converter, _DTENSOR_REWRITE_APPLIES.get(op_type))
   add(side_effects.EFFECT_TYPES, side_effects.convert_effect,
       lambda operation: not side_effects.is_ignored(operation))
   for op_type, converter in control_flow.CONVERTERS.items():

@@ -12,7 +12,8 @@ each device's own positions. pfor's own converter of a depthwise
 convolution needs a per-device filter; with a filter the same everywhere,
 the devices fold into the batch, and so they do for the image resizes pfor
 has no converter for. pfor has none for `L2Loss` either: half the sum of
-squares. And TensorFlow's CPU kernel of `SelectV2` (`tf.where`) refuses
+squares. An IdentityN in a loop's body (a `tf.custom_gradient`'s) becomes
+one Identity per value, which DTensor keeps with its value. And TensorFlow's CPU kernel of `SelectV2` (`tf.where`) refuses
 results of rank 9 or more ("Broadcast between ... is not supported yet",
 even between operands of one shape), which a per-device rank of 8 reaches
 once stacked over the devices: there the operands are broadcast to the
@@ -80,7 +81,7 @@ def _rewritten_op(op_type, inputs, attrs, outputs, op_name=None, graph=None):
   rewritten = (None if rewrite is None else
                rewrite(op_type, inputs, outputs, op_name))
   if rewritten is None and op_type in rank_limits.REWRITTEN:
-    rewritten = rank_limits.rewrite(op_type, inputs, outputs, op_name)
+    rewritten = rank_limits.rewrite(op_type, inputs, outputs)
   return rewritten
 
 
@@ -378,6 +379,27 @@ def _convert_l2_loss(op_inputs):
   return [tf_internal.wrap_converted(half_sum, True)]
 
 
+def identity_n_applies(operation):
+  """Whether an IdentityN takes this module's route: one in a loop's body.
+
+  DTensor (TF 2.21) may place a vectorized IdentityN of a loop's body (a
+  `tf.custom_gradient`'s, as `tf.nn.silu`'s) apart from the values it
+  passes on ("operand #0 does not dominate this use"); one Identity per
+  value stays with its value. Elsewhere IdentityN keeps pfor's converter,
+  under which DTensor lays out some collectives' custom gradients that
+  separate identities would not. tfspmd's markers carry their converter.
+  """
+  return (not hasattr(operation, "pfor_converter") and
+          tf_internal.in_loop_body(operation))
+
+
+@_do_not_convert
+def _convert_identity_n(op_inputs):
+  return [tf_internal.wrap_converted(tf.identity(value), stacked)
+          for value, stacked in (op_inputs.input(k)
+                                 for k in range(op_inputs.num_inputs))]
+
+
 # The highest rank SelectV2's CPU kernel takes (TF 2.21).
 _SELECT_V2_MAX_RANK = 8
 
@@ -423,6 +445,7 @@ CONVERTERS = {
     "ResizeNearestNeighbor": _convert_batch_folded,
     "DepthwiseConv2dNative": _convert_depthwise,
     "Einsum": _convert_einsum,
+    "IdentityN": _convert_identity_n,
     "MatrixBandPart": _convert_band_part,
     "MatrixDiagPartV3": _convert_diag_part,
     "ReverseV2": _convert_reverse,

@@ -7,12 +7,16 @@ kernels of slices and broadcasting ops stop at rank 8
 function, where it would pass that rank once vectorized, it is rewritten
 on fewer dimensions: adjacent dimensions a slice takes whole, or a
 broadcast treats alike, merge into one by a reshape, which moves no data
-(the mapped dimensions lie in front, untouched). The results are the
+(the mapped dimensions lie in front, untouched); a stack or concatenation
+joins the dimensions before its axis and those from it on, each merged;
+a softmax runs on `[rows, last]`, or from exponentials and sums where the
+mapped axes leave no room even for that. The results are the
 same; an op that still passes the limit is found before the program runs
 (`exceeds_kernel_rank`).
 """
 
 import functools
+import math
 
 import tensorflow as tf
 
@@ -38,7 +42,11 @@ SLICING = frozenset(("StridedSlice", "Slice"))
 # dimension alone, so the others merge into one.
 _SOFTMAX_RANK = 5
 SOFTMAX = frozenset(("Softmax", "LogSoftmax"))
-REWRITTEN = BROADCASTING | SLICING | SOFTMAX | {"Tile", "StridedSliceGrad"}
+# DTensor moves the operands of a stack or a concatenation between layouts
+# (a Slice) at the result's rank.
+JOINING = frozenset(("Pack", "ConcatV2"))
+REWRITTEN = (BROADCASTING | SLICING | SOFTMAX | JOINING |
+             {"Tile", "StridedSliceGrad"})
 LIMITED = BROADCASTING | SLICING | SOFTMAX | frozenset((
     "Tile", "Pad", "PadV2", "MirrorPad", "ReverseV2", "StridedSliceGrad"))
 
@@ -48,9 +56,8 @@ def _room():
   return merged_dims.MAX_KERNEL_RANK - len(axis_env.frames())
 
 
-def rewrite(op_type, inputs, outputs, name):
+def rewrite(op_type, inputs, outputs):
   """The op on merged dimensions where it would pass the limit; else None."""
-  del name
   if not outputs:
     return None
   result = outputs[0]
@@ -67,19 +74,71 @@ def rewrite(op_type, inputs, outputs, name):
     return _merged_tile(inputs, outputs)
   if op_type == "StridedSliceGrad":
     return _merged_slice_gradient(inputs, outputs)
+  if op_type in JOINING:
+    return _merged_join(op_type, inputs, outputs)
   return _merged_broadcast(op_type, inputs, outputs)
 
 
 def _merged_softmax(op_type, logits, rank):
-  """A softmax of a rank its kernel would not take, on `[rows, last]`."""
+  """A softmax of a rank its kernel would not take.
+
+  Its leading dimensions merge into one (`[rows, last]`) where the mapped
+  dimensions leave user dimensions to merge; otherwise it is written in
+  elementwise ops and reductions, whose kernels go to rank 8.
+  """
   split = axis_env.split_leading_dims()
   room = _SOFTMAX_RANK - len(axis_env.frames())
-  if rank <= room or rank <= split + 2 or not logits.shape.is_fully_defined():
+  if rank <= room:
     return None
+  if rank <= split + 2 or not logits.shape.is_fully_defined():
+    return [_elementwise_softmax(op_type, logits)]
   sizes = logits.shape.as_list()
   merged = tf.reshape(logits, sizes[:split] + [-1, sizes[-1]])
   function = tf.nn.softmax if op_type == "Softmax" else tf.nn.log_softmax
   return [tf.reshape(function(merged), sizes)]
+
+
+def _elementwise_softmax(op_type, logits):
+  """Softmax or LogSoftmax over the last dimension, from Exp, Max and Sum."""
+  shifted = logits - tf.stop_gradient(
+      tf.reduce_max(logits, axis=-1, keepdims=True))
+  if op_type == "LogSoftmax":
+    return shifted - tf.math.log(
+        tf.reduce_sum(tf.exp(shifted), axis=-1, keepdims=True))
+  exponentials = tf.exp(shifted)
+  return exponentials / tf.reduce_sum(exponentials, axis=-1, keepdims=True)
+
+
+def _merged_join(op_type, inputs, outputs):
+  """A stack or concatenation on `[before, from the axis on]` merged.
+
+  In row-major order, joining along an axis joins the blocks of all the
+  dimensions from that axis on, at each position of those before it.
+  """
+  if op_type == "Pack":
+    values, axis = inputs, outputs[0].op.get_attr("axis")
+  else:
+    values, axis = inputs[:-1], static_values.value(inputs[-1])
+  if axis is None or not merged_dims.fully_defined(*values):
+    return None
+  rank = values[0].shape.rank
+  axis = int(axis) + (rank + (op_type == "Pack") if axis < 0 else 0)
+  split = axis_env.split_leading_dims()
+  if axis < split:
+    return None
+  shapes = [value.shape.as_list() for value in values]
+  merged_shapes = [shape[:split] + (
+      [math.prod(shape[split:axis])] if axis > split else []) + (
+          [math.prod(shape[axis:])] if axis < rank else [])
+                   for shape in shapes]
+  if len(merged_shapes[0]) == rank:
+    return None
+  merged = [tf.reshape(value, shape)
+            for value, shape in zip(values, merged_shapes)]
+  position = min(axis, split + 1)
+  joined = (tf.stack(merged, axis=position) if op_type == "Pack" else
+            tf.concat(merged, axis=position))
+  return [tf.reshape(joined, outputs[0].shape.as_list())]
 
 
 def _merged_tile(inputs, outputs):
