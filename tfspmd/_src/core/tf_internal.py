@@ -699,6 +699,11 @@ def recreate_op_eagerly(operation, inputs):
       ctx=_context.context())
 
 
+def user_op_name(operation):
+  """`operation`'s name as the user's code made it, without pfor's suffixes."""
+  return operation.name.split("/pfor/")[0]
+
+
 def in_loop_body(operation):
   """Whether `operation` lies in the body of a `tf.while_loop` (or its gradient)."""
   return isinstance(operation.graph, _control_flow_util.WhileBodyFuncGraph)

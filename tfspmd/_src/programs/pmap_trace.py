@@ -438,8 +438,7 @@ def _check_no_data_dependent_shapes(graph, axis_name):
   found = control_flow.find_operation(graph.get_operations(), data_dependent)
   if found is not None:
     shape = next(o.shape for o in found.outputs if not o.shape.is_fully_defined())
-    # The user's name for it, without what the vectorizer appended.
-    name = found.name.split("/pfor/")[0]
+    name = tf_internal.user_op_name(found)
     raise ValueError(
         f"the function mapped over axis {axis_name!r} makes a tensor whose "
         f"size depends on the data: the op {found.type} ({name}) gives "

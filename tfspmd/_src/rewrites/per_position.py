@@ -110,7 +110,7 @@ def _check_stackable(operation):
   for output in operation.outputs:
     if output.dtype in (tf.resource, tf.variant, tf.string):
       raise ValueError(
-          f"the op {operation.type} ({_user_name(operation)}) gets inputs "
+          f"the op {operation.type} ({tf_internal.user_op_name(operation)}) gets inputs "
           f"that differ between devices, and TensorFlow's vectorizer (pfor) "
           f"cannot map it over the mapped axis; tfspmd computes such an op "
           f"once per device and stacks the results, which it cannot do for "
@@ -120,7 +120,7 @@ def _check_stackable(operation):
 
 def _data_dependent_error(operation, shape):
   return ValueError(
-      f"the op {operation.type} ({_user_name(operation)}) gets inputs that "
+      f"the op {operation.type} ({tf_internal.user_op_name(operation)}) gets inputs that "
       f"differ between devices and gives a result of shape {shape}, whose "
       f"size depends on those inputs. A mapped function needs the same "
       f"static shapes on every device, as under jax.pmap: give the op a "
@@ -131,9 +131,6 @@ def _data_dependent_error(operation, shape):
       f"tf.unique).")
 
 
-def _user_name(operation):
-  """The op's name as the user's code made it, without pfor's suffixes."""
-  return operation.name.split("/pfor/")[0]
 
 
 def stack(values):

@@ -357,7 +357,7 @@ def kernel_rank_error(operation, axis_name, mapped_axes):
   """The error for `operation`, of a rank no kernel takes, found by tracing."""
   rank = max(t.shape.rank for t in (operation.inputs[0],
                                     operation.outputs[0]))
-  name = operation.name.split("/pfor/")[0]
+  name = tf_internal.user_op_name(operation)
   return ValueError(
       f"the function mapped over axis {axis_name!r} computes the op "
       f"{operation.type} ({name}) on a tensor of rank {rank} once it is "
