@@ -104,3 +104,38 @@ def test_lru_cache_keeps_maxsize_under_concurrent_use():
 def test_lru_cache_rejects_a_bad_size():
   with pytest.raises(ValueError, match="`maxsize` must be a positive int"):
     lru.LRUCache(0)
+
+
+def test_a_shard_map_built_in_each_call_traces_once():
+  # A step function that calls shard_map(f, ...)(x) on every call, as JAX
+  # code under jax.jit does: the same function, mesh and specs share traces.
+  mesh = tfspmd.make_mesh((2, 4), ("a", "b"))
+  traces = []
+
+  def f(block):
+    traces.append(tuple(block.shape))
+    return tfspmd.lax.psum(block, "b")
+
+  def step(value, in_specs=tfspmd.P("a", "b"), out_specs=tfspmd.P("a", None),
+           on=mesh):
+    return np.asarray(tfspmd.shard_map(f, mesh=on, in_specs=in_specs,
+                                       out_specs=out_specs)(value))
+
+  x = np.arange(32, dtype=np.float32).reshape(8, 4)
+  row_sums = x.sum(axis=1, keepdims=True)
+  for _ in range(3):
+    np.testing.assert_array_equal(step(x), row_sums)
+  assert len(traces) == 1
+  # Spec trees count by their structure: a spec per argument in a tuple
+  # is another program than one spec for all, shared in turn.
+  for _ in range(2):
+    np.testing.assert_array_equal(step(x, in_specs=(tfspmd.P("a", "b"),)),
+                                  row_sums)
+  assert len(traces) == 2
+  # Other specs, or another mesh, are another program.
+  np.testing.assert_array_equal(
+      step(x, out_specs=tfspmd.P("a", "b")), np.repeat(row_sums, 4, axis=1))
+  other = tfspmd.make_mesh((2, 4), ("a", "b"),
+                           devices=tfspmd.devices()[::-1])
+  np.testing.assert_array_equal(step(x, on=other), row_sums)
+  assert len(traces) == 4

@@ -37,6 +37,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.arguments import arguments
+from tfspmd._src.core import lru
 from tfspmd._src.core import tf_internal
 from tfspmd._src.programs import pmap as pmap_lib
 from tfspmd._src.programs import pmap_options
@@ -434,6 +435,10 @@ def shard_map(
     dimension lies split over the first axis only, on `mesh.dtensor_mesh`.
     DTensor inputs on `mesh.dtensor_mesh` laid out as `in_specs` say are
     used as they are.
+    Calls of `shard_map` with the same `f` (the same function object),
+    mesh and specs return the same function (the 64 most recent are kept),
+    so a step function that builds its shard_map on every call traces and
+    compiles it once, as under `jax.jit`.
     While a GradientTape records, it returns `tf.Tensor`s the tape follows;
     as in JAX, the gradient of an input the same along a mesh axis is the
     sum of its devices' gradients over that axis, and an output the same
@@ -508,5 +513,37 @@ def shard_map(
     return functools.partial(shard_map, mesh=mesh, in_specs=in_specs,
                              out_specs=out_specs, check_vma=check)
   if mesh is None:
-    return ContextMeshFunction(f, in_specs, out_specs, check)
-  return ShardMappedFunction(f, mesh, in_specs, out_specs, check)
+    return _shared((f, None, in_specs, out_specs, check), lambda: (
+        ContextMeshFunction(f, in_specs, out_specs, check)))
+  return _shared((f, mesh, in_specs, out_specs, check), lambda: (
+      ShardMappedFunction(f, mesh, in_specs, out_specs, check)))
+
+
+# The shard_maps made lately, by function, mesh and specs: code that builds
+# the shard_map in each call (`shard_map(f, ...)(x)` inside a step function)
+# reuses its traces and compiled programs, as jax.jit's cache, keyed on the
+# function, does; it would otherwise trace and compile on every call.
+_RECENT = lru.LRUCache(lru.TRACE_CACHE_SIZE)
+
+
+def _shared(arguments_key, make):
+  """The shard_map `make()` gives, shared by calls with equal arguments.
+
+  `arguments_key` is `(f, mesh, in_specs, out_specs, check_vma)`; the spec
+  trees count by their structure and specs. A key that cannot be hashed
+  (a function object that cannot) is not shared.
+  """
+  f, mesh, in_specs, out_specs, check = arguments_key
+  try:
+    key = (f, mesh, check) + tuple(
+        (treedef, tuple(leaves)) for leaves, treedef in (
+            tree.flatten(specs, is_leaf=_is_spec)
+            for specs in (in_specs, out_specs)))
+    hash(key)
+  except TypeError:
+    return make()
+  found = _RECENT.get(key)
+  if found is None:
+    found = make()
+    _RECENT.put(key, found)
+  return found
