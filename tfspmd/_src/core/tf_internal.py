@@ -709,6 +709,44 @@ def in_loop_body(operation):
   return isinstance(operation.graph, _control_flow_util.WhileBodyFuncGraph)
 
 
+def _in_control_flow(graph):
+  return isinstance(graph, (_control_flow_util.WhileBodyFuncGraph,
+                            _control_flow_util.WhileCondFuncGraph,
+                            _control_flow_util.CondBranchFuncGraph))
+
+
+def outside_control_flow(tensor):
+  """What `tensor`, captured into a loop's or a branch's graph, stands for.
+
+  Returns:
+    `(graph, outer)`: the graph just outside the outermost loop body, loop
+    condition or branch that encloses `tensor`'s graph (or is it), and the
+    tensor that `tensor` captures from there or from further out (through
+    every graph between); None where no such graph encloses it, or where
+    `tensor` is computed inside.
+  """
+  chain = [tensor.graph]
+  while isinstance(chain[-1], _func_graph.FuncGraph) and (
+      chain[-1].outer_graph is not None):
+    chain.append(chain[-1].outer_graph)
+  inside = [k for k, graph in enumerate(chain) if _in_control_flow(graph)]
+  if not inside:
+    return None
+  target = chain[inside[-1] + 1]
+  # A graph may capture a tensor of any enclosing graph, or an eager one,
+  # directly, skipping the graphs between.
+  graph = tensor.graph
+  while graph is not target and graph in chain:
+    tensor = next((external for external, internal in graph.captures
+                   if internal is tensor), None)
+    if tensor is None:
+      return None
+    if isinstance(tensor, tf.__internal__.EagerTensor):
+      break
+    graph = tensor.graph
+  return target, tensor
+
+
 def reachable(tensor):
   """`tensor`, captured graph by graph into the graph being built.
 

@@ -12,7 +12,9 @@ each device's own positions. pfor's own converter of a depthwise
 convolution needs a per-device filter; with a filter the same everywhere,
 the devices fold into the batch, and so they do for the image resizes pfor
 has no converter for. pfor has none for `L2Loss` either: half the sum of
-squares. An IdentityN in a loop's body (a `tf.custom_gradient`'s) becomes
+squares. A variable read in a loop or a branch is made once before it (a
+read and a collective in one loop share a rendezvous). An IdentityN in a
+loop's body (a `tf.custom_gradient`'s) becomes
 one Identity per value, which DTensor keeps with its value. And TensorFlow's CPU kernel of `SelectV2` (`tf.where`) refuses
 results of rank 9 or more ("Broadcast between ... is not supported yet",
 even between operands of one shape), which a per-device rank of 8 reaches
@@ -147,7 +149,30 @@ def _constant_permutation(op_type, inputs, outputs, name):
   return [tf.transpose(value, known.tolist(), name=name)]
 
 
+def _read_before_control_flow(op_type, inputs, outputs, name):
+  """A variable's read in a loop or a branch, as one read before it.
+
+  Under `jit_compile` a loop stays a functional While, and every iteration's
+  collective then shares one rendezvous with a variable read in it ("
+  BufRendezvous::ProvideBuf already called", or a hang; TF 2.21). A
+  variable keeps its value while a program runs (tfspmd refuses writes to
+  it there), so the read moves out to the per-device program. Under a
+  GradientTape the read stays where it is, where the tape watches it.
+  """
+  del op_type, name
+  if tf_internal.tape_active():
+    return None
+  outside = tf_internal.outside_control_flow(inputs[0])
+  if outside is None:
+    return None
+  graph, handle = outside
+  with graph.as_default():
+    return [tf.raw_ops.ReadVariableOp(resource=handle,
+                                      dtype=outputs[0].dtype)]
+
+
 _REWRITES = {
+    "ReadVariableOp": _read_before_control_flow,
     "Transpose": _constant_permutation,
     "Select": _full_condition_select,
     "SelectV2": _full_condition_select,
