@@ -68,7 +68,12 @@ def wait_for_programs():
   and the caller's own values tell (`components`).
   """
   try:
-    tf_internal.wait_for_pending_ops()
+    # DTensor's device makes a new cancellation manager when it waits
+    # (AsyncWait), which a program another thread starts meanwhile may be
+    # using; a mutex was found corrupted (an abort) where a wait ran beside
+    # a first call and placements. The wait enters the device as any call.
+    with entry:
+      tf_internal.wait_for_pending_ops()
   except tf.errors.OpError as e:
     if not _generation:
       raise
