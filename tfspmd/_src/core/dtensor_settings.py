@@ -118,6 +118,16 @@ def for_program(devices, mesh_rank, process_count, graph_def,
   return tuple(name for name in chosen if name not in user_set)
 
 
+def expands(names):
+  """Whether a program run with the switches `names` runs under expansion.
+
+  Example:
+    >>> expands(())
+    False
+  """
+  return MULTI_DEVICE_EXPANSION in names or MULTI_DEVICE_EXPANSION in os.environ
+
+
 def in_id_order(devices):
   """Whether `devices` are in ascending id order.
 

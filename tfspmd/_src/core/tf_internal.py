@@ -239,6 +239,20 @@ def dtensor_device():
   return _dtensor_api._dtensor_singleton  # pylint: disable=protected-access
 
 
+def dtensor_lowerings_and_kernels():
+  """`(lowerings, compiled functions)` DTensor's device made so far.
+
+  Its SPMD lowerings (misses of its function cache) and the functions
+  TensorFlow's eager runtime compiled for it (its kernel cache); (0, 0)
+  before its first use.
+  """
+  device = dtensor_device()
+  if device is None:
+    return 0, 0
+  stats = device._get_stats()  # pylint: disable=protected-access
+  return stats["function_manager.miss"], stats["kernel_cache.size"]
+
+
 def new_dtensor_device():
   """Makes DTensor use a new (asynchronous, as its own) device; returns it.
 

@@ -20,7 +20,9 @@ from tfspmd._src.core.config import config
 from tfspmd._src.programs import pmap_trace
 from tfspmd._src.rewrites import side_effects
 from tfspmd._src.runtime import dtensor_device
+from tfspmd._src.runtime import expanded_inputs
 from tfspmd._src.runtime import placement as placement_lib
+from tfspmd._src.runtime import small_values
 from tfspmd._src.runtime.sharded_array import ShardedArray
 from tfspmd._src.trees import tree
 
@@ -108,9 +110,13 @@ def run(program, values, axis_name):
   here, where its failure surfaces. The program's prints and checks happen
   after it ran (`side_effects`): a failed check raises here.
   """
-  placed = [_place(value, placement, blocks)
-            for value, placement, blocks in zip(
-                values, program.input_placements, program.input_blocks)]
+  placed = [_place_wide(value, placement) if wide else
+            _place(value, placement, blocks)
+            for value, placement, blocks, wide in zip(
+                values, program.input_placements, program.input_blocks,
+                program.input_wide)]
+  if program.expanded:
+    placed = _as_expanded_outputs(values, placed, program.input_placements)
   try:
     with dtensor_settings.applied(program.dtensor_switches):
       with dtensor_device.entry:
@@ -138,10 +144,33 @@ def run(program, values, axis_name):
     raise run_errors.failed_run(e, axis_name) from None
   if program.effects:
     side_effects.replay_on_host(program.effects, effects, axis_name)
-  return [ShardedArray(value, placement, shape, dtype)
-          for value, placement, shape, dtype in zip(
+  return [ShardedArray(value, placement, shape, dtype, wide=wide,
+                       expanded=program.expanded)
+          for value, placement, shape, dtype, wide in zip(
               outputs, program.output_placements, program.output_shapes,
-              program.output_dtypes)]
+              program.output_dtypes, program.output_wide)]
+
+
+def _as_expanded_outputs(values, placed, placements):
+  """The placed DTensors reporting devices as an expanded program's outputs.
+
+  Those of host values go together, mapped and unmapped apart, and those
+  of `ShardedArray`s apart from them: the groups a loop's calls keep. A
+  `ShardedArray` given as it is holds the relabelled DTensor from then on
+  (`expanded_inputs`).
+  """
+  groups = [None if isinstance(value, ShardedArray) and
+            value._is_expanded(dtensor_value)  # pylint: disable=protected-access
+            else (isinstance(value, ShardedArray), any(placement.spec))
+            for value, dtensor_value, placement in zip(
+                values, placed, placements)]
+  if all(group is None for group in groups):
+    return placed
+  relabelled = expanded_inputs.as_outputs(placed, groups)
+  for value, before, after in zip(values, placed, relabelled):
+    if isinstance(value, ShardedArray) and after is not before:
+      value._hold_expanded(before, after)  # pylint: disable=protected-access
+  return relabelled
 
 
 def _place(value, placement, blocks):
@@ -161,3 +190,19 @@ def _place(value, placement, blocks):
       return placement_lib.relayout(value, placement)
     value = value.numpy()
   return placement_lib.pack_host_array(np.asarray(value), placement, blocks)
+
+
+def _place_wide(value, placement):
+  """The wide DTensor (`small_values`) of a small input whole on each device.
+
+  A `ShardedArray` that a program returned wide goes in as it is.
+  """
+  if isinstance(value, ShardedArray):
+    if value.placement.block_map == placement.block_map:
+      return value._wide_value(placement)  # pylint: disable=protected-access
+    value = value.numpy()
+  elif isinstance(value, tf.Tensor):
+    value = value.numpy()
+  return placement_lib.pack_host_array(
+      small_values.widen_host(value),
+      pmap_trace.placement_for(placement.mesh_key, (None,)))

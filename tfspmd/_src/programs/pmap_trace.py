@@ -31,6 +31,7 @@ from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import dtensor_device
 from tfspmd._src.runtime import mesh as mesh_lib
 from tfspmd._src.runtime import placement as placement_lib
+from tfspmd._src.runtime import small_values
 from tfspmd._src.trees import tree
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
@@ -44,9 +45,12 @@ class Program:
     function: Calls the compiled program on placed inputs (None for a
       program traced into a user's graph).
     input_placements: The `Placement` of each input leaf.
+    input_wide: For each input leaf, whether the program takes it wide
+      (`small_values`).
     input_blocks: For each input leaf, where each local device's block
       lies in a host array of its shape (`placement.host_blocks`).
     output_placements: The `Placement` of each output leaf.
+    output_wide: For each output leaf, whether the program returns it wide.
     output_shapes: This process's shape of each output leaf (a
       `tf.TensorShape`, shared by the results of every call).
     output_dtypes: The dtype of each output leaf.
@@ -57,6 +61,8 @@ class Program:
     size: The mapped size, over all processes.
     trainable_variables: The trainable variables the program reads.
     dtensor_switches: The DTensor settings it runs under.
+    expanded: Whether they expand it into one function over all devices,
+      whose outputs report the first device (`expanded_inputs`).
     device_generation: The `dtensor_device.generation()` it was traced in.
     may_fail: Whether it may fail while it runs (`run_errors.may_fail`): its
       call then waits for its results.
@@ -68,8 +74,10 @@ class Program:
   """
   function: object
   input_placements: tuple
+  input_wide: tuple
   input_blocks: tuple
   output_placements: tuple
+  output_wide: tuple
   output_shapes: tuple
   output_dtypes: tuple
   output_treedef: object
@@ -79,6 +87,7 @@ class Program:
   size: int
   trainable_variables: tuple
   dtensor_switches: tuple
+  expanded: bool
   device_generation: int
   may_fail: bool
   effects: tuple = ()
@@ -238,11 +247,15 @@ def _check_crossing(options, found, crossing, names):
 
 
 def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
-                 dtypes, in_user_graph, lays_out, parts, crossing, top_local):
+                 dtypes, in_user_graph, lays_out, parts, crossing, top_local,
+                 split_by_nested=frozenset()):
   """The `Program` over the whole arrays, of `shapes` and mapped `size`.
 
   `parts`, `crossing`: as `axis_env.TraceState` takes them; `top_local` is
-  the mapped size in this process's inputs.
+  the mapped size in this process's inputs. Small unmapped inputs are taken
+  wide (`small_values`) but those in `split_by_nested`: a nested pmap maps
+  them, and they are placed split as it needs them (a process passes its
+  part of them), which a trace finds.
   """
   paths = call.paths
   top_dim = options.mesh_dim or mesh_lib.mesh_dim_name(0)
@@ -253,6 +266,11 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
       crossing=crossing, given_devices=options.devices is not None)
   rebuild = call.rebuilder()
   built = {}
+  # A program the user's graph calls takes that graph's tensors as they are.
+  input_wide = tuple(
+      not in_user_graph and axis is None and leaf not in split_by_nested and
+      small_values.is_small(shape, dtype)
+      for leaf, (shape, axis, dtype) in enumerate(zip(shapes, axes, dtypes)))
 
   def on_slice(leaf, piece, _):
     state.record_origin(piece, leaf, [
@@ -261,6 +279,8 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
   @_do_not_convert
   def program(*inputs):
     with axis_env.tracing(state):
+      inputs = [small_values.narrow(value, shapes[leaf]) if wide else value
+                for leaf, (value, wide) in enumerate(zip(inputs, input_wide))]
       for leaf, (value, axis) in enumerate(zip(inputs, axes)):
         if axis is None:
           state.record_origin(value, leaf, range(len(shapes[leaf])))
@@ -282,6 +302,7 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
       _check_static_shapes(result)
       mesh_key = state.mesh_key()
       placements = []
+      output_wide = []
       outputs = []
       for value, axis, per_device in zip(result.values, result.out_axes,
                                          result.per_device):
@@ -292,8 +313,18 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
             spec[split_axis] = dim
         placement = placement_for(mesh_key, tuple(spec))
         placements.append(placement)
-        outputs.append(_relayout(value, placement.layout) if lays_out
-                       else value)
+        wide = (lays_out and not in_user_graph and
+                small_values.is_small_replicated(spec, value.shape,
+                                                 value.dtype))
+        output_wide.append(wide)
+        if wide:
+          # Whole on each device first: a nested pmap's result may be split.
+          value = _relayout(small_values.widen(
+              _relayout(value, placement.layout)),
+                            small_values.wide_layout(placement.mesh))
+        elif lays_out:
+          value = _relayout(value, placement.layout)
+        outputs.append(value)
       effect_placements = []
       for value in _effect_values(result.effects):
         # Split over the outermost axis like a mapped output: no device
@@ -304,13 +335,20 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
         outputs.append(_relayout(value, placement.layout) if lays_out
                        else value)
       built.update(result=result, placements=placements, mesh_key=mesh_key,
-                   effect_placements=effect_placements)
+                   effect_placements=effect_placements,
+                   output_wide=tuple(output_wide))
       return outputs
 
   function = tf.function(program, jit_compile=True, autograph=False)
-  specs = [tf.TensorSpec(shape, tf.as_dtype(dtype))
-           for shape, dtype in zip(shapes, dtypes)]
+  specs = [tf.TensorSpec((small_values.WIDTH,) if wide else shape,
+                         tf.as_dtype(dtype))
+           for shape, dtype, wide in zip(shapes, dtypes, input_wide)]
   concrete = function.get_concrete_function(*specs)
+  split_wide = {leaf for leaf in state.input_splits if input_wide[leaf]}
+  if split_wide:
+    return _trace_whole(options, call, axes, size, shapes, local_shapes,
+                        devices, dtypes, in_user_graph, lays_out, parts,
+                        crossing, top_local, split_by_nested | split_wide)
   new_axis.check_program(concrete.outputs, options.axis_name)
   _check_no_data_dependent_shapes(concrete.graph, options.axis_name)
   mesh_key = built["mesh_key"]
@@ -329,6 +367,9 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
   mesh = mesh_lib.mesh_for_axes(*mesh_key)
   graph_def = concrete.graph.as_graph_def()
   replicated_ops.enroll(node.op for node in dtensor_settings.nodes(graph_def))
+  switches = dtensor_settings.for_program(
+      mesh_key.devices, len(mesh_key.sizes), devices_lib.process_count(),
+      graph_def, after_a_failure=dtensor_device.generation() > 0)
   # A program traced into a user's graph runs only there (`inline`); what
   # it closes over may be the user's graph tensors, which DTensor cannot
   # place from here.
@@ -339,10 +380,12 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
   return Program(
       function=function,
       input_placements=tuple(input_placements),
+      input_wide=input_wide,
       input_blocks=tuple(
           placement_lib.host_blocks(placement, shape)
           for placement, shape in zip(input_placements, local_shapes)),
       output_placements=tuple(built["placements"]),
+      output_wide=built["output_wide"],
       output_shapes=tuple(
           tf.TensorShape(placement.local_shape(tuple(v.shape)))
           for v, placement in zip(result.values, built["placements"])),
@@ -352,10 +395,8 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
       output_axes=tuple(result.out_axes),
       size=size,
       trainable_variables=tuple(concrete.trainable_variables),
-      dtensor_switches=dtensor_settings.for_program(
-          mesh_key.devices, len(mesh_key.sizes),
-          devices_lib.process_count(), graph_def,
-          after_a_failure=dtensor_device.generation() > 0),
+      dtensor_switches=switches,
+      expanded=dtensor_settings.expands(switches),
       mesh=mesh,
       device_generation=dtensor_device.generation(),
       may_fail=run_errors.may_fail(graph_def),

@@ -129,10 +129,13 @@ def _expanded_shape(shape, spec, mesh, path):
 
 def _expand_input(value, spec, mesh, path):
   value = arguments.to_array_leaf(value, path)
-  if isinstance(value, ShardedArray):
-    value = value.dtensor_value
   rank = len(value.shape)
   _check_spec(spec, rank, mesh, path, "in")
+  if isinstance(value, ShardedArray):
+    if _is_whole_on_each_device(value) and not _names_axes(spec, rank):
+      # Goes into the program as it is (held wide if small: `small_values`).
+      return value
+    value = value.dtensor_value
   if _is_host_part(value):
     if isinstance(value, tf.Tensor):
       value = value.numpy()
@@ -148,6 +151,16 @@ def _expand_input(value, spec, mesh, path):
       expanded = _expanded_placement(spec, mesh, rank)
       return placement_lib.moved_blocks(value, merged, expanded, shape)
   return tf.reshape(value, shape)
+
+
+def _names_axes(spec, rank):
+  """Whether `spec` splits any of `rank` dimensions over mesh axes."""
+  return any(spec.axes_of(dimension) for dimension in range(rank))
+
+
+def _is_whole_on_each_device(value):
+  """Whether every device holds the whole of the ShardedArray `value`."""
+  return not any(dim is not None for dim in value.placement.spec)
 
 
 def _merges_axes(spec, rank):
@@ -196,6 +209,10 @@ def _join_output(value, spec, mesh):
   dimension merges them (`named_sharding.merged_mesh_key`): a DTensor
   layout splits a dimension over one mesh dimension.
   """
+  if (isinstance(value, ShardedArray) and _is_whole_on_each_device(value) and
+      not _names_axes(spec, len(spec))):
+    # Nothing to join: each device holds the result whole, as returned.
+    return value
   dim_of = dict(zip(mesh.axis_names, mesh.dim_names))
   # The global shape: a ShardedArray's own is this process's part's.
   global_value = (value.dtensor_value if isinstance(value, ShardedArray)

@@ -17,6 +17,7 @@ from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import dtensor_device
 from tfspmd._src.runtime import named_sharding
 from tfspmd._src.runtime import placement as placement_lib
+from tfspmd._src.runtime import small_values
 
 # What `tf.as_dtype` accepts: tf.float32, np.float32, np.dtype, 'float32'.
 DTypeLike: TypeAlias = tf.DType | np.dtype | type | str
@@ -86,12 +87,21 @@ class ShardedArray:
   """
 
   __slots__ = ("_value", "_placement", "_shape", "_dtype", "_host",
-               "_whole_on_each_device", "__weakref__")
+               "_whole_on_each_device", "_wide", "_other_form", "_expanded",
+               "__weakref__")
 
   def __init__(self, value: tf.Tensor, placement: placement_lib.Placement,
                shape: Sequence[int] | tf.TensorShape,
-               dtype: DTypeLike) -> None:
+               dtype: DTypeLike, *, wide: bool = False,
+               expanded: bool = False) -> None:
+    # A small array whole on each device may be held wide (`small_values`),
+    # as programs return it; the other form is made when first needed.
+    # `expanded`: the DTensor held reports its devices as an expanded
+    # program's outputs do (`expanded_inputs`).
     self._value = value
+    self._wide = wide
+    self._other_form = None
+    self._expanded = expanded
     self._placement = placement
     # A TensorShape is never changed in place: a pmap's results share the
     # one its program made when traced.
@@ -195,7 +205,7 @@ class ShardedArray:
     """
     self._check_alive()
     with multiprocess_hooks.peer_failures():
-      placement_lib.components(self._live())
+      placement_lib.components(self._stored())
     return self
 
   def is_deleted(self) -> bool:
@@ -207,11 +217,51 @@ class ShardedArray:
     self._value = None
     self._host = None
     self._whole_on_each_device = None
+    self._other_form = None
+
+  def _stored(self):
+    """The DTensor as held, on DTensor's current device (`current`)."""
+    value = dtensor_device.current(self._value)
+    if value is not self._value:
+      self._value, self._expanded = value, False
+    return value
+
+  def _is_expanded(self, value):
+    """Whether `value` is the DTensor held, reporting devices as expanded."""
+    return value is self._value and self._expanded
+
+  def _hold_expanded(self, value, relabelled):
+    """Holds `relabelled`, the held DTensor `value` reporting as expanded."""
+    if value is self._value:
+      self._value, self._expanded = relabelled, True
 
   def _live(self):
-    """The DTensor, moved to DTensor's current device if a failure replaced it."""
-    self._value = dtensor_device.current(self._value)
-    return self._value
+    """The DTensor of the array's shape, on DTensor's current device."""
+    if not self._wide:
+      return self._stored()
+    if self._other_form is None:
+      # Through the host: an eager op on one device's copy could raise an
+      # error another op of that device left in the eager executor.
+      self._other_form = placement_lib.pack_host_array(self.numpy(),
+                                                       self._placement)
+    self._other_form = dtensor_device.current(self._other_form)
+    return self._other_form
+
+  def _wide_value(self, placement: placement_lib.Placement) -> tf.Tensor:
+    """The array's wide DTensor (`small_values`) on `placement`'s mesh.
+
+    For a small array whole on each device, going into a program;
+    `placement` is where the program takes it, on the same devices.
+    """
+    if self._wide:
+      wide = self._stored()
+    else:
+      if self._other_form is None:
+        self._other_form = placement_lib.pack_host_array(
+            small_values.widen_host(self.numpy()),
+            placement_lib.Placement(self._placement.mesh_key, (None,)))
+      wide = self._other_form = dtensor_device.current(self._other_form)
+    return small_values.on_mesh(wide, placement.mesh)
 
   def _check_alive(self):
     """Raises if the array was donated, or is used inside a trace."""
@@ -236,9 +286,14 @@ class ShardedArray:
     self._check_alive()
     if self._host is None:
       with multiprocess_hooks.peer_failures():
-        self._host = placement_lib.assemble(
-            self._live(), self._placement, self._shape.as_list(),
-            self._dtype.as_numpy_dtype)
+        if self._wide:
+          self._host = small_values.narrow_host(
+              placement_lib.components(self._stored())[0].numpy(),
+              self._shape.as_list())
+        else:
+          self._host = placement_lib.assemble(
+              self._live(), self._placement, self._shape.as_list(),
+              self._dtype.as_numpy_dtype)
       self._host.flags.writeable = False
     return self._host
 
@@ -263,7 +318,11 @@ class ShardedArray:
     """
     del context  # unused
     self._check_alive()
-    return _ShardedArraySpec(self._value.shape, self._dtype)
+    return _ShardedArraySpec(self._global_shape(), self._dtype)
+
+  def _global_shape(self):
+    """The whole array's shape (over all processes)."""
+    return self._shape if self._wide else self._value.shape
 
   def _whole_on_devices(self):
     """The DTensor of the array whole on each device of its mesh, made once."""
@@ -382,7 +441,7 @@ class ShardedArray:
           f"{tuple(current[:kept])}, so the new shape must be ints that start "
           f"with them; got {tuple(shape)}. To reshape across devices, fetch "
           f"it first: np.asarray(x).reshape(...).")
-    global_shape = self._value.shape.as_list()
+    global_shape = self._global_shape().as_list()
     try:
       return array_ops.unary(
           lambda v: tf.reshape(v, global_shape[:kept] + list(shape[kept:])),
