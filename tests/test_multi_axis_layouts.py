@@ -131,3 +131,39 @@ def test_a_result_over_an_axis_of_size_1_keeps_its_spec():
                          out_specs=P(("dp", "fsdp", "sp"), "tp"))(x)
   np.testing.assert_array_equal(np.asarray(out), x * 2)
   assert out.sharding.spec == P(("dp", "fsdp", "sp"), "tp")
+
+
+@pytest.mark.xfail(
+    strict=True, raises=ValueError,
+    reason="pfor's matmul of rows split over ('data', 'model') merges the "
+           "'model' dimension with the rows, DTensor lays the product out "
+           "split over 'data' only, and its Sum expander then refuses the "
+           "bias gradient's reduction from a value split over both "
+           "(EmitAllScatter, TF 2.21)")
+def test_data_parallel_gradients_of_rows_split_over_two_axes():
+  # A dense layer's weight and bias gradients, averaged over a batch split
+  # over both axes of a 2 x 4 mesh: JAX's P(('data', 'model')) batch.
+  two_axes = tfspmd.make_mesh((2, 4), ("data", "model"))
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal((8, 2, 4)).astype(np.float32)
+  w = rng.standard_normal((4, 3)).astype(np.float32)
+  b = rng.standard_normal(3).astype(np.float32)
+
+  def gradients(w, b, x):
+    rows = tf.reshape(x, [-1, 4])
+    with tf.GradientTape() as tape:
+      tape.watch([w, b])
+      y = rows @ w + b
+      loss = tf.reduce_mean(y * y)
+    return lax.pmean(tape.gradient(loss, [w, b]), ("data", "model"))
+
+  grad_w, grad_b = tfspmd.shard_map(
+      gradients, mesh=two_axes, in_specs=(P(), P(), P(("data", "model"))),
+      out_specs=P())(w, b, x)
+  rows = x.astype(np.float64).reshape(8, 2, 4)
+  y = rows @ w + b
+  np.testing.assert_allclose(
+      np.asarray(grad_w), np.mean([r.T @ d for r, d in zip(rows, y / 3)],
+                                  axis=0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(grad_b), (y / 3).sum(1).mean(0),
+                             rtol=1e-5, atol=1e-6)
