@@ -448,3 +448,65 @@ def test_pmean_of_integers_keeps_their_precision():
     out = tfspmd.pmap(lambda v: lax.pmean(v, "i"), "i")(np.array([1, 2], dtype))
     assert out.dtype == expected, dtype
     np.testing.assert_array_equal(out, [1.5, 1.5])
+
+
+def test_a_pytree_reduces_each_floating_dtype_in_one_all_reduce(monkeypatch):
+  from tfspmd._src.collectives import reductions  # pylint: disable=import-outside-toplevel
+  reduced = []
+  psum_leaf = reductions._psum_leaf  # pylint: disable=protected-access
+
+  def counting(value, *args, **kwargs):
+    reduced.append((value.dtype.name, tuple(value.shape)))
+    return psum_leaf(value, *args, **kwargs)
+
+  monkeypatch.setattr(reductions, "_psum_leaf", counting)
+  n = 8
+  tree = {"w": data(n, 3, 2), "b": data(n, 2, seed=1),
+          "wide": data(n, 2, dtype=np.float64, seed=2),
+          "count": np.arange(n, dtype=np.int32)}
+
+  def both(t):
+    summed = lax.psum(t, "i")
+    mean = lax.pmean({"w": t["w"], "b": t["b"], "scale": 2.0}, "i")
+    return summed, mean
+
+  summed, mean = tfspmd.pmap(both, "i")(tree)
+  for name, value in tree.items():
+    np.testing.assert_allclose(np.asarray(summed[name]),
+                               np.broadcast_to(value.sum(0), value.shape),
+                               rtol=1e-5)
+  for name in ("w", "b"):
+    np.testing.assert_allclose(
+        np.asarray(mean[name]),
+        np.broadcast_to(tree[name].mean(0), tree[name].shape), rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(mean["scale"]), 2.0)
+  # psum: the two float32 leaves in one (8 elements), float64 and int32
+  # alone; pmean: its two float32 leaves in one.
+  assert sorted(reduced) == sorted([("float32", (8,)), ("float64", (2,)),
+                                    ("int32", ()), ("float32", (8,))])
+
+
+def test_the_gradient_of_a_pytree_reduced_in_one_all_reduce():
+  n = 4
+  w, b = data(n, 3, 2), data(n, 2, seed=1)
+  weights = np.random.default_rng(5).standard_normal((2,)).astype(np.float32)
+
+  def loss(w, b):
+    summed = lax.pmean({"w": w, "b": b}, "i")
+    return tf.reduce_sum(summed["w"] * weights) + tf.reduce_sum(
+        summed["b"] ** 2)
+
+  def per_device(w, b):
+    with tf.GradientTape() as tape:
+      tape.watch([w, b])
+      value = loss(w, b)
+    return tape.gradient(value, [w, b])
+
+  grad_w, grad_b = tfspmd.pmap(per_device, "i")(w, b)
+  # Each device's tape seeds its own copy of the loss, and pmean's
+  # transpose is pmean (the README's convention): each device gets the
+  # mean of the devices' cotangents, which are all the same.
+  np.testing.assert_allclose(np.asarray(grad_w),
+                             np.broadcast_to(weights, w.shape), rtol=1e-5)
+  np.testing.assert_allclose(
+      np.asarray(grad_b), np.broadcast_to(2 * b.mean(0), b.shape), rtol=1e-5)

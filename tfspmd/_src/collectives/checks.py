@@ -16,14 +16,16 @@ ORDERED = ("real numbers (integer or floating; not bool or complex)",
 
 
 def leafwise(function, x, *, collective, accepts=ARRAYS, ordered=False,
-             uint64_as_int64=True, constant=None):
+             uint64_as_int64=True, constant=None, together=None):
   """Applies `function` to each leaf of the pytree `x`, as a tensor.
 
   A uint64 leaf goes through `function` as int64 (see `as_int64`), unless
   `uint64_as_int64` is False; `ordered` says the collective compares values.
   With `constant`, a leaf that is a Python number or a NumPy value of a
   dtype `collective` accepts gives `constant(leaf)` instead, a host value
-  (see `constants`).
+  (see `constants`). With `together`, `together(tensors)` first gets every
+  tensor leaf at once and returns, for each, its result or None to leave it
+  to `function` (a reduction of several leaves in one collective).
 
   Raises:
     TypeError: Naming the leaf's path in `x`, if a leaf is not an array or
@@ -33,6 +35,7 @@ def leafwise(function, x, *, collective, accepts=ARRAYS, ordered=False,
   paths = tree.leaf_paths(x, "x")
   kind, accepted = accepts
   results = []
+  tensors = {}  # position in `results` -> the leaf as a tensor
   for leaf, path in zip(leaves, paths):
     if constant is not None:
       dtype = constants.host_dtype(leaf)
@@ -52,10 +55,16 @@ def leafwise(function, x, *, collective, accepts=ARRAYS, ordered=False,
           f"{collective}: {path} has dtype {tensor.dtype.name}, but "
           f"{collective} takes {kind}; cast it first (for example "
           f"tf.cast(x, tf.int32)).")
-    if uint64_as_int64:
-      results.append(as_int64(function, tensor, ordered=ordered))
-    else:
-      results.append(function(tensor))
+    tensors[len(results)] = tensor
+    results.append(None)
+  joint = together(list(tensors.values())) if together else [None] * len(
+      tensors)
+  for position, result in zip(tensors, joint):
+    tensor = tensors[position]
+    if result is None:
+      result = (as_int64(function, tensor, ordered=ordered)
+                if uint64_as_int64 else function(tensor))
+    results[position] = result
   return treedef.unflatten(results)
 
 

