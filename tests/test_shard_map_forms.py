@@ -173,6 +173,41 @@ def test_set_mesh_is_per_thread(mesh):
   assert seen == [None]
 
 
+def test_a_mesh_as_a_context_manager_sets_the_context_mesh(mesh):
+  # JAX's older `with Mesh(devices, names) as mesh:` form, nested, with
+  # set_mesh and the same mesh entered twice.
+  line = tfspmd.make_mesh((8,), ("x",))
+  fun = tfspmd.shard_map(row_sums_minus_mean, in_specs=P("x", "y"),
+                         out_specs=P("x", None))
+  with mesh as entered:
+    assert entered is mesh
+    np.testing.assert_allclose(fun(X), expected_row_sums_minus_mean(X))
+    with line:
+      assert tfspmd.sharding.get_mesh() is line
+      with mesh:
+        assert tfspmd.sharding.get_mesh() is mesh
+        with tfspmd.set_mesh(line):
+          assert tfspmd.sharding.get_mesh() is line
+        assert tfspmd.sharding.get_mesh() is mesh
+      assert tfspmd.sharding.get_mesh() is line
+    assert tfspmd.sharding.get_mesh() is mesh
+  assert tfspmd.sharding.get_mesh() is None
+  with pytest.raises(RuntimeError):
+    with mesh:
+      raise RuntimeError("inside")
+  assert tfspmd.sharding.get_mesh() is None
+
+
+def test_a_mesh_entered_in_one_thread_is_not_another_threads(mesh):
+  seen = []
+  with mesh:
+    thread = threading.Thread(
+        target=lambda: seen.append(tfspmd.sharding.get_mesh()))
+    thread.start()
+    thread.join()
+  assert seen == [None]
+
+
 def test_sharding_set_mesh_is_tfspmd_set_mesh():
   assert tfspmd.sharding.set_mesh is tfspmd.set_mesh
 

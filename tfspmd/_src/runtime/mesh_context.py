@@ -1,18 +1,16 @@
 """The mesh of a context: `tfspmd.set_mesh`, as JAX's `jax.set_mesh`.
 
-A shard_map given no mesh runs over the mesh set here when it is called.
-The mesh is per thread, as JAX's is, so threads that run programs over
-different meshes do not see each other's.
+A shard_map given no mesh runs over the mesh set here (or by `with mesh:`)
+when it is called. The mesh is per thread, as JAX's is, so threads that run
+programs over different meshes do not see each other's.
 """
 
 from __future__ import annotations
 
-import threading
 import types
 
+from tfspmd._src.runtime import named_mesh
 from tfspmd._src.runtime.named_mesh import Mesh
-
-_state = threading.local()
 
 
 def get_mesh() -> Mesh | None:
@@ -27,7 +25,7 @@ def get_mesh() -> Mesh | None:
     >>> print(tfspmd.sharding.get_mesh())
     None
   """
-  return getattr(_state, "mesh", None)
+  return named_mesh.context_mesh()
 
 
 # A class, as JAX's, so that the one call both sets the mesh and, used in a
@@ -66,7 +64,7 @@ class set_mesh:  # pylint: disable=invalid-name
           f"set_mesh: `mesh` must be a tfspmd.Mesh (tfspmd.make_mesh(...)) "
           f"or None, got {type(mesh).__name__}.")
     self._previous = get_mesh()
-    _state.mesh = mesh
+    named_mesh.set_context_mesh(mesh)
 
   def __enter__(self) -> None:
     # The mesh is set already: the constructor sets it, for the setter form.
@@ -75,4 +73,4 @@ class set_mesh:  # pylint: disable=invalid-name
   def __exit__(self, exc_type: type[BaseException] | None,
                exc_value: BaseException | None,
                traceback: types.TracebackType | None) -> None:
-    _state.mesh = self._previous
+    named_mesh.set_context_mesh(self._previous)

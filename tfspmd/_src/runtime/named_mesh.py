@@ -13,6 +13,8 @@ from collections.abc import Hashable
 from collections.abc import Sequence
 import enum
 import math
+import threading
+import types
 from typing import Any
 
 import numpy as np
@@ -108,8 +110,26 @@ def _checked_axis_types(axis_types, axis_names, default, caller):
   return axis_types
 
 
+# The mesh of this thread's context (`tfspmd.set_mesh`, `with mesh:`): per
+# thread, as JAX's is, so threads running programs over different meshes do
+# not see each other's.
+_context = threading.local()
+
+
+def context_mesh() -> Mesh | None:
+  """The mesh set for this thread's context, or None."""
+  return getattr(_context, "mesh", None)
+
+
+def set_context_mesh(mesh: Mesh | None) -> None:
+  _context.mesh = mesh
+
+
 class Mesh:
   """Devices in an array whose axes have names.
+
+  In a `with` block, the mesh is the context's mesh, as `tfspmd.set_mesh`
+  sets it, until the block ends (JAX's older `with mesh:` form).
 
   Args:
     devices: A NumPy array (or nested list) of `tfspmd.Device`s, one axis
@@ -124,6 +144,11 @@ class Mesh:
     ...                    ('data', 'model'))
     >>> mesh.shape, mesh.size
     ({'data': 2, 'model': 4}, 8)
+    >>> double = tfspmd.shard_map(lambda b: b * 2, in_specs=tfspmd.P('data'),
+    ...                           out_specs=tfspmd.P('data'))
+    >>> with mesh:
+    ...   print(np.asarray(double(np.arange(4.))))
+    [0. 2. 4. 6.]
   """
 
   def __init__(self, devices: Any,
@@ -218,6 +243,17 @@ class Mesh:
             f"strings (tfspmd.make_mesh(shape, ('data', 'model'))) to lay "
             f"out DTensors on it.")
     return mesh_lib.mesh_for_axes(*self.mesh_key)
+
+  def __enter__(self) -> Mesh:
+    entered = _context.__dict__.setdefault("entered", [])
+    entered.append(context_mesh())
+    _context.mesh = self
+    return self
+
+  def __exit__(self, exc_type: type[BaseException] | None,
+               exc_value: BaseException | None,
+               traceback: types.TracebackType | None) -> None:
+    _context.mesh = _context.entered.pop()
 
   def __eq__(self, other: object) -> bool:
     return (isinstance(other, Mesh) and self._axis_names == other._axis_names
