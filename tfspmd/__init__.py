@@ -20,6 +20,7 @@ _devices.configure_from_environment()
 
 # pylint: disable=g-import-not-at-top,useless-import-alias
 from tfspmd import distributed as distributed
+from tfspmd import experimental as experimental
 from tfspmd import lax as lax
 from tfspmd import sharding as sharding
 from tfspmd import tree as tree
@@ -69,6 +70,7 @@ __all__ = [
     "device_put_sharded",
     "devices",
     "distributed",
+    "experimental",
     "lax",
     "local_device_count",
     "local_devices",
