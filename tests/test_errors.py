@@ -1030,7 +1030,8 @@ def _():
 @case("config-unknown-setting", STATE,
       "tfspmd.config.update('jax_debug_nans', True)", AttributeError,
       r"tfspmd.config.update: no setting 'jax_debug_nans'; the settings are "
-      r"\['tfspmd_enable_x64'\] \(JAX's names: \['jax_enable_x64'\]\)")
+      r"\['tfspmd_enable_x64', 'tfspmd_log_compiles'\] \(JAX's names: "
+      r"\['jax_enable_x64', 'jax_log_compiles'\]\)")
 def _():
   tfspmd.config.update("jax_debug_nans", True)
 
@@ -1052,7 +1053,8 @@ def _():
 @case("config-attribute-unknown", STATE, "tfspmd.config.enable_x64 = False",
       AttributeError,
       r"tfspmd.config has no setting 'enable_x64' to assign; the settings are "
-      r"\['tfspmd_enable_x64'\], changed with tfspmd.config.update")
+      r"\['tfspmd_enable_x64', 'tfspmd_log_compiles'\], changed with "
+      r"tfspmd.config.update")
 def _():
   tfspmd.config.enable_x64 = False
 

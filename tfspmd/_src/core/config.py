@@ -1,11 +1,13 @@
 """tfspmd's global settings, as `jax.config`: `tfspmd.config.update(name, value)`.
 
-One setting so far, `tfspmd_enable_x64` (True by default, TensorFlow's way):
-with it False, float64 NumPy inputs arrive as float32, as under JAX's default
+`tfspmd_enable_x64` (True by default, TensorFlow's way): with it False,
+float64 NumPy inputs arrive as float32, as under JAX's default
 (`jax_enable_x64=False`), so that a float64 NumPy batch meets float32
-parameters as float32. JAX's name for it, `jax_enable_x64`, names the same
-setting, and `JAX_ENABLE_X64` in the environment sets it at import, as JAX
-reads it.
+parameters as float32. `tfspmd_log_compiles` (False by default): each trace
+and compile logs a line (`compile_log`). JAX's names for them,
+`jax_enable_x64` and `jax_log_compiles`, name the same settings, and
+`JAX_ENABLE_X64` and `JAX_LOG_COMPILES` in the environment set them at
+import, as JAX reads them.
 """
 
 from __future__ import annotations
@@ -25,25 +27,27 @@ _NARROWER = {
 
 
 X64_ENV = "JAX_ENABLE_X64"
+LOG_COMPILES_ENV = "JAX_LOG_COMPILES"
 # The words JAX takes for a boolean variable of the environment.
 _TRUE = ("y", "yes", "t", "true", "on", "1")
 _FALSE = ("n", "no", "f", "false", "off", "0")
 # JAX's names for tfspmd's settings.
-_ALIASES = {"jax_enable_x64": "tfspmd_enable_x64"}
+_ALIASES = {"jax_enable_x64": "tfspmd_enable_x64",
+            "jax_log_compiles": "tfspmd_log_compiles"}
 
 
-def _x64_from_environment():
-  """`JAX_ENABLE_X64` as a bool, True (TensorFlow's way) when it is unset."""
-  value = os.environ.get(X64_ENV)
+def _from_environment(variable, setting, default):
+  """The environment's `variable` as a bool, `default` when it is unset."""
+  value = os.environ.get(variable)
   if value is None:
-    return True
+    return default
   if value.lower() in _TRUE:
     return True
   if value.lower() in _FALSE:
     return False
   raise ValueError(
-      f"{X64_ENV} must be one of {_TRUE + _FALSE} (any case) to turn "
-      f"tfspmd_enable_x64 on or off, got {value!r}.")
+      f"{variable} must be one of {_TRUE + _FALSE} (any case) to turn "
+      f"{setting} on or off, got {value!r}.")
 
 
 class Config:
@@ -58,6 +62,11 @@ class Config:
       chosen on purpose). Python floats are float32 either way. Also named
       `jax_enable_x64`; `JAX_ENABLE_X64=0` (or `false`, `no`, `off`) in the
       environment turns it off at import, `1` (`true`, `yes`, `on`) on.
+    tfspmd_log_compiles: If True, each trace of a mapped function and each
+      program's first run (DTensor's lowering and the compile) logs a line
+      on the `tfspmd` logger, with the function, its arguments' dtypes and
+      shapes, and the time. Also named `jax_log_compiles`, and set at
+      import by `JAX_LOG_COMPILES` as x64 by its variable.
 
   Example:
     >>> import numpy as np, tfspmd
@@ -72,7 +81,11 @@ class Config:
 
   def __init__(self) -> None:
     self._lock = threading.Lock()
-    self._values = {"tfspmd_enable_x64": _x64_from_environment()}
+    self._values = {
+        "tfspmd_enable_x64": _from_environment(X64_ENV, "tfspmd_enable_x64",
+                                               True),
+        "tfspmd_log_compiles": _from_environment(
+            LOG_COMPILES_ENV, "tfspmd_log_compiles", False)}
 
   def __getattr__(self, name: str) -> Any:
     values = self.__dict__.get("_values", {})

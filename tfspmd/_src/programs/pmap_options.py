@@ -124,10 +124,12 @@ class ShardMapLevel:
     check_invariant: Whether an output with out_axes=None that varies along
       the axis is an error (`check_vma=True`); if not, it takes the value of
       the axis's first device.
+    function_name: The shard_map's function, as messages name it.
   """
   mesh_dim: str
   devices: Sequence[devices_lib.Device] | None
   check_invariant: bool
+  function_name: str = ""
 
 
 def checked_options(fun, *, axis_name, in_axes=0, out_axes=0,

@@ -6,12 +6,15 @@ it, moving as little as possible (a `ShardedArray` already placed so is
 passed as it is), and each output comes back as a `ShardedArray`.
 """
 
+import time
+
 import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.arguments import arguments
 from tfspmd._src.arguments import pmap_donation
+from tfspmd._src.core import compile_log
 from tfspmd._src.core import dtensor_errors
 from tfspmd._src.core import dtensor_settings
 from tfspmd._src.core import multiprocess_hooks
@@ -117,6 +120,9 @@ def run(program, values, axis_name):
                 program.input_wide)]
   if program.expanded:
     placed = _as_expanded_outputs(values, placed, program.input_placements)
+  first_run = not program.ran and config.tfspmd_log_compiles
+  program.ran = True
+  start = time.perf_counter()
   try:
     with dtensor_settings.applied(program.dtensor_switches):
       with dtensor_device.entry:
@@ -125,8 +131,11 @@ def run(program, values, axis_name):
         else:
           with dtensor.default_mesh(program.mesh):
             outputs = program.function()
-      if program.may_fail:
+      if program.may_fail or first_run:
         dtensor_device.components(outputs)
+      if first_run:
+        compile_log.compiled(program.name, program.signature,
+                             time.perf_counter() - start)
       count = len(program.output_placements)
       if program.effects:
         effects = pmap_trace.effect_values(program, [

@@ -10,10 +10,12 @@ output on the program's mesh.
 import dataclasses
 import functools
 import hashlib
+import time
 
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from tfspmd._src.core import compile_log
 from tfspmd._src.core import dtensor_settings
 from tfspmd._src.core import merged_dims
 from tfspmd._src.core import multiprocess_hooks
@@ -71,6 +73,9 @@ class Program:
       the output leaves): for each, its mask (if any), then its tensors.
     effect_placements: The `Placement` of each of those values.
     effect_shapes: This process's shape of each of those values.
+    name: The mapped function, as messages name it ('pmap of step').
+    signature: `((shape, dtype), ...)` of the inputs it was traced for.
+    ran: Whether it ran once (DTensor lowered and compiled it then).
   """
   function: object
   input_placements: tuple
@@ -93,6 +98,9 @@ class Program:
   effects: tuple = ()
   effect_placements: tuple = ()
   effect_shapes: tuple = ()
+  name: str = ""
+  signature: tuple = ()
+  ran: bool = False
 
 
 @functools.lru_cache(maxsize=4096)
@@ -122,11 +130,23 @@ def cached_program(options, programs, key, call, values, in_user_graph=False,
   if program is None:
     shapes = [shape for shape, _ in key[2]]
     dtypes = [value.dtype for value in values]
+    start = time.perf_counter()
     program = (_trace_of_whole_arrays(options, call, shapes, dtypes, lays_out)
                if whole else
                _trace(options, call, shapes, dtypes, in_user_graph, lays_out))
+    program.name, program.signature = function_name(options), key[2]
+    compile_log.traced(programs, program.name, key[2],
+                       time.perf_counter() - start)
     programs.put((in_user_graph, lays_out) + key, program)
   return program
+
+
+def function_name(options):
+  """The mapped function as messages name it: 'pmap of step'."""
+  if options.level is not None:
+    return f"shard_map of {options.level.function_name}"
+  fun = options.fun
+  return f"pmap of {getattr(fun, '__qualname__', None) or repr(fun)}"
 
 
 def known_program(programs, key, in_user_graph=False, lays_out=True):

@@ -310,7 +310,9 @@ class ShardMappedFunction:
         level=pmap_options.ShardMapLevel(
             mesh_dim=self._mesh.dim_names[level],
             devices=tuple(self._mesh.devices.flat) if level == 0 else None,
-            check_invariant=self._check_vma)))
+            check_invariant=self._check_vma,
+            function_name=getattr(self._fun, "__qualname__", None) or repr(
+                self._fun))))
 
   def _per_device(self, *blocks):
     result = self._fun(*blocks)
