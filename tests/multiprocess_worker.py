@@ -286,6 +286,18 @@ def shard_map_processes():
   x = np.arange(128, dtype=np.float32).reshape(16, 8)
   rows = x[8 * me:8 * me + 8]
   _every_collective(report, "grid", grid, P("p", "d"), rows)
+  # Global arrays from each process's part, and from a callback of blocks.
+  by_rows = tfspmd.NamedSharding(grid, P("p", "d"))
+  attempt("global/process_local", lambda: (
+      tfspmd.make_array_from_process_local_data(by_rows, rows)))
+  attempt("global/process_local_summed", lambda: tfspmd.shard_map(
+      lambda b: lax.psum(b, "p"), mesh=grid, in_specs=P("p", "d"),
+      out_specs=P(None, "d"))(
+          tfspmd.make_array_from_process_local_data(by_rows, rows)))
+  attempt("global/callback_summed", lambda: tfspmd.shard_map(
+      lambda b: lax.psum(b, "p"), mesh=grid, in_specs=P("p", "d"),
+      out_specs=P(None, "d"))(
+          tfspmd.make_array_from_callback(x.shape, by_rows, lambda i: x[i])))
   w = np.arange(8, dtype=np.float32)  # not split over 'p': passed whole
   attempt("grid/replicated_input", lambda: tfspmd.shard_map(
       lambda b, c: b + c, mesh=grid, in_specs=(P("p", "d"), P("d")),

@@ -643,6 +643,18 @@ def test_a_shard_map_input_not_split_over_processes_is_passed_whole(
         (y + 100.0 * np.repeat(np.arange(8.0), 8)[:, None])[32 * k:32 * k + 32])
 
 
+def test_global_arrays_from_each_processs_part_or_a_callback(
+    shard_map_reports):
+  # make_array_from_process_local_data and make_array_from_callback: each
+  # process gives its rows; a psum over 'p' then adds the two processes'.
+  x = np.arange(128.0).reshape(16, 8)
+  for k, report in enumerate(shard_map_reports):
+    np.testing.assert_allclose(report["global/process_local"],
+                               x[8 * k:8 * k + 8])
+    for key in ("global/process_local_summed", "global/callback_summed"):
+      np.testing.assert_allclose(report[key], x[:8] + x[8:], err_msg=key)
+
+
 def test_a_shard_map_result_not_split_over_processes_is_whole_everywhere(
     shard_map_reports):
   x = np.arange(128.0).reshape(16, 8)

@@ -25,6 +25,9 @@ from tfspmd import lax as lax
 from tfspmd import sharding as sharding
 from tfspmd import tree as tree
 from tfspmd import tree_util as tree_util
+from tfspmd._src.arguments.global_arrays import make_array_from_callback as make_array_from_callback
+from tfspmd._src.arguments.global_arrays import make_array_from_process_local_data as make_array_from_process_local_data
+from tfspmd._src.arguments.global_arrays import make_array_from_single_device_arrays as make_array_from_single_device_arrays
 from tfspmd._src.arguments.transfers import block_until_ready as block_until_ready
 from tfspmd._src.arguments.transfers import device_get as device_get
 from tfspmd._src.arguments.transfers import device_put as device_put
@@ -74,6 +77,9 @@ __all__ = [
     "lax",
     "local_device_count",
     "local_devices",
+    "make_array_from_callback",
+    "make_array_from_process_local_data",
+    "make_array_from_single_device_arrays",
     "make_mesh",
     "pmap",
     "process_count",
