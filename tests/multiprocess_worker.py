@@ -20,6 +20,7 @@ from examples import multiprocess_psum
 from examples import seed_examples
 import tfspmd
 from tfspmd import lax
+from tfspmd.experimental import multihost_utils
 
 
 def _initialize():
@@ -298,6 +299,22 @@ def shard_map_processes():
       lambda b: lax.psum(b, "p"), mesh=grid, in_specs=P("p", "d"),
       out_specs=P(None, "d"))(
           tfspmd.make_array_from_callback(x.shape, by_rows, lambda i: x[i])))
+  # JAX's multihost_utils.
+  hosts = multihost_utils
+  attempt("multihost/allgather", lambda: hosts.process_allgather(
+      np.array([me, 10 + me], np.int32)))
+  attempt("multihost/allgather_tiled", lambda: hosts.process_allgather(
+      {"v": np.full((2,), me * 1.5)}, tiled=True)["v"])
+  attempt("multihost/broadcast", lambda: hosts.broadcast_one_to_all(
+      np.float32(me + 5)))
+  attempt("multihost/broadcast_from_1", lambda: hosts.broadcast_one_to_all(
+      np.float32(me + 5), is_source=me == 1))
+  attempt("multihost/sync", lambda: [hosts.sync_global_devices("here"), 1][1])
+  attempt("multihost/sync_differs",
+          lambda: hosts.sync_global_devices(f"barrier {me}"))
+  attempt("multihost/round_trip", lambda: hosts.global_array_to_host_local_array(
+      hosts.host_local_array_to_global_array(rows, grid, P("p", "d")), grid,
+      P("p", "d")))
   w = np.arange(8, dtype=np.float32)  # not split over 'p': passed whole
   attempt("grid/replicated_input", lambda: tfspmd.shard_map(
       lambda b, c: b + c, mesh=grid, in_specs=(P("p", "d"), P("d")),

@@ -13,6 +13,7 @@ import tfspmd
 from tfspmd import P
 from tfspmd._src.runtime.devices import Device
 from tfspmd.experimental import mesh_utils
+from tfspmd.experimental import multihost_utils
 from tfspmd.experimental import shard_map as shard_map_module
 
 
@@ -94,3 +95,61 @@ def test_the_experimental_shard_map_is_shard_map_in_its_older_form():
   x = np.arange(32.).reshape(8, 4)
   np.testing.assert_array_equal(
       np.asarray(f(x)), x.reshape(8, 2, 2).sum(1))
+
+
+# --- multihost_utils with one process (several: test_multiprocess.py) -------
+
+
+def test_process_allgather_of_one_process_stacks_or_tiles():
+  tree = {"a": np.arange(6, dtype=np.int32).reshape(2, 3), "flag": True,
+          "wide": np.float64(2.5)}
+  gathered = multihost_utils.process_allgather(tree)
+  np.testing.assert_array_equal(gathered["a"], tree["a"][None])
+  np.testing.assert_array_equal(gathered["flag"], [True])
+  assert gathered["wide"].dtype == np.float64 and gathered["wide"] == [2.5]
+  np.testing.assert_array_equal(
+      multihost_utils.process_allgather(tree["a"], tiled=True), tree["a"])
+  placed = tfspmd.device_put(np.arange(8.), tfspmd.NamedSharding(
+      tfspmd.make_mesh((8,), ("i",)), P("i")))
+  np.testing.assert_array_equal(multihost_utils.process_allgather(placed),
+                                np.arange(8.)[None])
+
+
+def test_broadcast_one_to_all_and_sync_of_one_process():
+  out = multihost_utils.broadcast_one_to_all({"step": np.int32(7),
+                                              "w": np.ones(3)})
+  assert out["step"] == 7 and out["step"].dtype == np.int32
+  np.testing.assert_array_equal(out["w"], np.ones(3))
+  assert multihost_utils.sync_global_devices("saved") is None
+
+
+def test_host_local_and_global_arrays_of_one_process_are_the_same_array():
+  mesh = tfspmd.make_mesh((4, 2), ("x", "y"))
+  local = {"rows": np.arange(16.).reshape(8, 2), "step": np.int32(3)}
+  global_tree = multihost_utils.host_local_array_to_global_array(
+      local, mesh, {"rows": P("x", "y"), "step": None})
+  assert global_tree["rows"].sharding == tfspmd.NamedSharding(mesh,
+                                                              P("x", "y"))
+  back = multihost_utils.global_array_to_host_local_array(
+      global_tree, mesh, {"rows": P("x", "y"), "step": P()})
+  np.testing.assert_array_equal(np.asarray(back["rows"]), local["rows"])
+  assert int(back["step"]) == 3
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: multihost_utils.process_allgather(np.float32(1), tiled=True),
+     ValueError, "in_tree is a scalar, which tiled=True cannot concatenate"),
+    (lambda: multihost_utils.process_allgather(["text"]), TypeError,
+     "in_tree[0] is str of dtype <U4; give arrays of numbers or bools"),
+    (lambda: multihost_utils.broadcast_one_to_all(1.0, is_source=False),
+     ValueError, "no process has is_source=True"),
+    (lambda: multihost_utils.sync_global_devices(3), TypeError,
+     "`name` must be a str"),
+    (lambda: multihost_utils.host_local_array_to_global_array(
+        np.ones(8), "mesh", P("x")), TypeError,
+     "`global_mesh` must be a tfspmd.Mesh"),
+])
+def test_multihost_utils_name_bad_arguments(call, error, words):
+  with pytest.raises(error) as raised:
+    call()
+  assert words in str(raised.value)

@@ -655,6 +655,22 @@ def test_global_arrays_from_each_processs_part_or_a_callback(
       np.testing.assert_allclose(report[key], x[:8] + x[8:], err_msg=key)
 
 
+def test_multihost_utils_gather_broadcast_and_wait_across_processes(
+    shard_map_reports):
+  x = np.arange(128.0).reshape(16, 8)
+  for k, report in enumerate(shard_map_reports):
+    assert report["multihost/allgather"] == [[0, 10], [1, 11]]
+    assert report["multihost/allgather_tiled"] == [0.0, 0.0, 1.5, 1.5]
+    assert report["multihost/broadcast"] == 5.0
+    assert report["multihost/broadcast_from_1"] == 6.0
+    assert report["multihost/sync"] == 1
+    assert report["multihost/sync_differs"].startswith(
+        f"ValueError: sync_global_devices('barrier {k}'): processes "
+        f"[{1 - k}] reached a barrier of another name")
+    np.testing.assert_allclose(report["multihost/round_trip"],
+                               x[8 * k:8 * k + 8])
+
+
 def test_a_shard_map_result_not_split_over_processes_is_whole_everywhere(
     shard_map_reports):
   x = np.arange(128.0).reshape(16, 8)
