@@ -22,20 +22,36 @@ from tfspmd import lax
 from . import _keras_internal
 
 
-def recorded_moments(model, rows):
+def recorded_moments(model, rows, axis_name):
   """A context in which `model`'s BatchNormalizations record their moments.
 
-  Padding rows (`rows` 0) are left out of the moments.
+  Padding rows (`rows` 0) are left out of the moments. A layer made with
+  `synchronized=True` normalizes by the moments of the global batch,
+  pooled over `axis_name` (its gradient flows through the pooling), as
+  under a `tf.distribute` strategy; the others by their device's rows.
 
   Args:
     model: The Keras model the step runs.
     rows: This device's row mask, or None for an unpadded batch.
+    axis_name: The pmap axis the batch is split over.
 
   Returns:
     A context manager yielding the list of `(layer, count, mean, variance)`
     records that `moving_statistics_of_global_batch` takes.
   """
-  return _keras_internal.batch_norm_moments(model, rows)
+  return _keras_internal.batch_norm_moments(
+      model, rows, lambda *moments: pooled_moments(*moments, axis_name))
+
+
+def pooled_moments(count, mean, variance, axis_name):
+  """`(count, mean, variance)` of the global batch, from each device's."""
+  total = lax.psum(count, axis_name)
+  global_mean = tf.math.divide_no_nan(lax.psum(count * mean, axis_name),
+                                      total)
+  global_variance = tf.math.divide_no_nan(
+      lax.psum(count * (variance + tf.square(mean - global_mean)), axis_name),
+      total)
+  return total, global_mean, global_variance
 
 
 def moving_statistics_of_global_batch(model, old_values, new_values, records,
@@ -66,12 +82,8 @@ def moving_statistics_of_global_batch(model, old_values, new_values, records,
       # Batch renormalization corrects the moments by the moving ones as it
       # updates them; its devices' moving values are averaged instead.
       continue
-    total = lax.psum(count, axis_name)
-    global_mean = tf.math.divide_no_nan(lax.psum(count * mean, axis_name),
-                                        total)
-    global_variance = tf.math.divide_no_nan(
-        lax.psum(count * (variance + tf.square(mean - global_mean)),
-                 axis_name), total)
+    _, global_mean, global_variance = pooled_moments(count, mean, variance,
+                                                     axis_name)
     for variable, batch_value in ((layer.moving_mean, global_mean),
                                   (layer.moving_variance, global_variance)):
       k = positions[id(variable)]

@@ -369,7 +369,7 @@ def compiled_users_of_targets(model):
 
 
 @contextlib.contextmanager
-def batch_norm_moments(model, rows):
+def batch_norm_moments(model, rows, pooled):
   """Records every BatchNormalization's batch moments, weighing rows by `rows`.
 
   Keras' BatchNormalization takes a mask only through Keras' mask
@@ -378,11 +378,16 @@ def batch_norm_moments(model, rows):
   `_moments` that weights the rows: the layer's own `mask`, if any, times
   `rows` along the batch axis. The moments it returns are recorded, with
   the count of rows they cover, for the trainer to pool over the devices.
+  A layer made with `synchronized=True` normalizes by the moments of the
+  global batch, as under a `tf.distribute` strategy: `pooled(count, mean,
+  variance)` gives them from its device's.
 
   Args:
     model: The Keras model whose layers to change while inside.
     rows: A float tensor of shape `(batch,)`: 1 for a real row, 0 for a
       padding row; or None for a batch without padding.
+    pooled: `pooled(count, mean, variance) -> (count, mean, variance)` of
+      the global batch, from each device's moments.
 
   Yields:
     A list that each training-mode call of a BatchNormalization inside
@@ -394,7 +399,8 @@ def batch_norm_moments(model, rows):
   recorded = []
   for layer in layers:
     object.__setattr__(layer, "_moments", functools.partial(
-        _row_weighted_moments, layer, rows, recorded))
+        _row_weighted_moments, layer, rows, recorded,
+        pooled if layer.synchronized else None))
   try:
     yield recorded
   finally:
@@ -402,8 +408,11 @@ def batch_norm_moments(model, rows):
       object.__delattr__(layer, "_moments")
 
 
-def _row_weighted_moments(layer, rows, recorded, inputs, mask):
-  """Mean and variance over `layer`'s reduction axes, rows weighted by `rows`."""
+def _row_weighted_moments(layer, rows, recorded, pooled, inputs, mask):
+  """Mean and variance over `layer`'s reduction axes, rows weighted by `rows`.
+
+  Those of the global batch where `pooled` is given.
+  """
   rank = inputs.shape.rank
   if rows is None:
     weights = tf.ones([tf.shape(inputs)[0]] + [1] * (rank - 1), inputs.dtype)
@@ -429,6 +438,8 @@ def _row_weighted_moments(layer, rows, recorded, inputs, mask):
       tf.reduce_sum(weights * squares, axes, keepdims=True), count)
   count, mean, variance = (tf.squeeze(t, axes) for t in (count, mean,
                                                          variance))
+  if pooled is not None:
+    count, mean, variance = pooled(count, mean, variance)
   recorded.append((layer, count, mean, variance))
   return mean, variance
 

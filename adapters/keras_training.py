@@ -561,7 +561,8 @@ class KerasTrainer:
     seeds = _keras_internal.seed_state_positions(model)
     with tf.GradientTape() as tape:
       tape.watch(trainable)
-      with _batch_norm.recorded_moments(model, rows) as moments:
+      with _batch_norm.recorded_moments(model, rows,
+                                        self.axis_name) as moments:
         seeded = _keras_step.per_device_seeds(non_trainable, seeds, 1,
                                               self.axis_name)
         loss, y_pred, new_non_trainable, output_losses = (

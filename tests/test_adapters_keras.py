@@ -421,10 +421,11 @@ def test_padded_evaluate_equals_keras_evaluate_on_20_rows():
     np.testing.assert_allclose(got[name], expected[name], rtol=1e-5)
 
 
-def batch_norm_model():
+def batch_norm_model(synchronized=False):
   keras.utils.set_random_seed(5)
   model = keras.Sequential([keras.Input((FEATURES,)),
-                            keras.layers.BatchNormalization(momentum=0.9),
+                            keras.layers.BatchNormalization(
+                                momentum=0.9, synchronized=synchronized),
                             keras.layers.Dense(CLASSES)])
   model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
       from_logits=True))
@@ -456,6 +457,30 @@ def test_padding_rows_are_left_out_of_batch_norm_statistics(rows, epochs):
   for name in ("moving_mean", "moving_variance"):
     np.testing.assert_allclose(getattr(layer, name),
                                getattr(reference.layers[0], name), rtol=1e-5)
+
+
+@pytest.mark.parametrize("remainder, rows", [("error", BATCH), ("pad", 20)])
+def test_synchronized_batch_norm_trains_as_keras_fit_on_the_global_batch(
+    remainder, rows):
+  # With synchronized=True every device normalizes by the moments of the
+  # global batch (as under MirroredStrategy), so the weights after 3 epochs
+  # are one-device model.fit's; per-device moments give others. 20 rows:
+  # padding rows count nowhere.
+  x, y = data(seed=6)
+  x, y = x[:4 * rows] * 2 + 5, y[:4 * rows]
+  reference = batch_norm_model(synchronized=True)
+  reference.fit(x, y, batch_size=rows, epochs=3, shuffle=False, verbose=0)
+  trained = {}
+  for synchronized in (True, False):
+    model = batch_norm_model(synchronized=synchronized)
+    keras_training.KerasTrainer(model).fit(
+        x, y, batch_size=rows, epochs=3, shuffle=False, verbose=0,
+        remainder=remainder)
+    trained[synchronized] = model.get_weights()
+  for got, want in zip(trained[True], reference.get_weights()):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  assert not all(np.allclose(a, b, rtol=1e-3) for a, b in
+                 zip(trained[False], reference.get_weights()))
 
 
 # --- what a model without targets, and bad batches, get --------------------
