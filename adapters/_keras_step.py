@@ -7,12 +7,90 @@ each device, and the check that the model keeps no state Keras cannot map
 statelessly. Each takes the model and the data axis rather than the trainer.
 """
 
+import warnings
+
 import tensorflow as tf
 
 import keras
 from tfspmd import lax
 
 from . import _keras_internal
+
+
+# The Keras optimizers whose update of a sparse gradient keeps static shapes
+# and gives one-device model.fit's numbers in a pmap's program (checked in
+# tests/test_adapters_keras.py). Those of RMSprop, Adagrad, Adadelta and
+# Adafactor make values of data-dependent shape (a tf.cond over the rows),
+# and Nadam's gave NaNs: they get the gradient dense.
+_SPARSE_UPDATES = (keras.optimizers.SGD, keras.optimizers.Adam,
+                   keras.optimizers.AdamW, keras.optimizers.Adamax,
+                   keras.optimizers.Ftrl, keras.optimizers.Lion,
+                   keras.optimizers.Lamb)
+
+
+def updates_sparse_rows(optimizer):
+  """Whether `optimizer` (a loss-scaling one: its inner one) takes sparse rows."""
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  return type(inner) in _SPARSE_UPDATES
+
+
+def combined_gradients(grads, axis_name, sparse):
+  """The devices' gradients combined as MirroredStrategy combines them.
+
+  Each device's gradient is that of its loss divided by the number of
+  devices (`loss_for_distribution`), so the devices' gradients are summed:
+  a dense one in one all-reduce for all. A sparse one (an `IndexedSlices`,
+  as an Embedding's is) stays sparse where the optimizer takes it
+  (`sparse`): every device's rows, one after the other, so that the
+  optimizer meets each looked-up row as `model.fit` on one device gives it. Keras'
+  optimizers update a sparse gradient row by row (Adam's second moment
+  sums each row's square), so an averaged dense gradient gives other
+  weights where ids repeat in a batch; where the optimizer cannot take the
+  rows, that is what it gets, and a warning says so.
+
+  Args:
+    grads: This device's gradients, tensors, `IndexedSlices` or None.
+    axis_name: The pmap axis the batch is split over.
+    sparse: Whether sparse gradients reach the optimizer sparse
+      (`updates_sparse_rows`).
+
+  Returns:
+    The combined gradients, the same on every device, in `grads`' order.
+  """
+  if not sparse and any(isinstance(g, tf.IndexedSlices) for g in grads):
+    warnings.warn(
+        "KerasTrainer: the optimizer updates a sparse gradient (an "
+        "Embedding's) with ops of data-dependent shape, which a pmap's "
+        "program cannot hold, so it gets the gradient dense, summed over "
+        "the devices; where ids repeat in a batch its weights then differ "
+        "from model.fit's. SGD, Adam, AdamW, Adamax, Ftrl, Lion and Lamb "
+        "take the rows as model.fit gives them.", stacklevel=2)
+    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices)
+             else g for g in grads]
+  combined = list(grads)
+  dense = [k for k, g in enumerate(grads)
+           if g is not None and not isinstance(g, tf.IndexedSlices)]
+  for k, total in zip(dense, lax.psum([grads[k] for k in dense], axis_name)):
+    combined[k] = total
+  for k, g in enumerate(grads):
+    if isinstance(g, tf.IndexedSlices):
+      combined[k] = tf.IndexedSlices(
+          lax.all_gather(g.values, axis_name, tiled=True),
+          lax.all_gather(g.indices, axis_name, tiled=True), g.dense_shape)
+  return combined
+
+
+def loss_for_distribution(loss, axis_name):
+  """This device's loss divided by the number of devices, as Keras scales it.
+
+  Keras' trainers divide each replica's loss by the number of replicas
+  (`scale_loss_for_distribution`) before a LossScaleOptimizer scales it,
+  and sum the replicas' gradients: each device's scaled gradients are then
+  as large as one device's of the global batch, and overflow float16 where
+  `model.fit`'s do (at n times the size they overflowed at n times the
+  loss scale: fewer steps applied, a smaller scale).
+  """
+  return loss / tf.cast(lax.psum(1, axis_name), loss.dtype)
 
 
 def compiled_loss(model, trainable, non_trainable, metrics, x, y,

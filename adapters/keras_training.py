@@ -572,7 +572,8 @@ class KerasTrainer:
                                                      self.axis_name), True))
       with keras.StatelessScope(
           state_mapping=list(zip(optimizer.variables, optimizer_values))):
-        scaled_loss = optimizer.scale_loss(loss)
+        scaled_loss = optimizer.scale_loss(
+            _keras_step.loss_for_distribution(loss, self.axis_name))
     # Moved back, every device's state is the same; the pmin tells tfspmd so
     # (the state is returned once, and a value computed from a per-device
     # one counts as per-device).
@@ -582,9 +583,9 @@ class KerasTrainer:
             _keras_step.per_device_seeds(new_non_trainable, seeds, -1,
                                          self.axis_name))]
     _keras_step.check_no_untracked_variables(tape, model)
-    grads = tape.gradient(scaled_loss, trainable)
-    grads = [None if g is None else lax.pmean(g, self.axis_name)
-             for g in grads]
+    grads = _keras_step.combined_gradients(
+        tape.gradient(scaled_loss, trainable), self.axis_name,
+        _keras_step.updates_sparse_rows(optimizer))
     with _keras_internal.stateless_optimizer(optimizer):
       trainable, optimizer_values = optimizer.stateless_apply(
           optimizer_values, grads, trainable)

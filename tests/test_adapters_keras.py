@@ -135,6 +135,57 @@ def test_callbacks_see_the_trained_model_at_each_epoch_end():
   np.testing.assert_array_equal(seen[1][2], np.asarray(trainer.state[0][0]))
 
 
+def embedding_model(optimizer):
+  keras.utils.set_random_seed(11)
+  model = keras.Sequential([
+      keras.Input((5,), dtype="int32"),
+      keras.layers.Embedding(12, 4),
+      keras.layers.GlobalAveragePooling1D(),
+      keras.layers.Dense(CLASSES)])
+  model.compile(optimizer=optimizer, loss=keras.losses.
+                SparseCategoricalCrossentropy(from_logits=True))
+  return model
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda: keras.optimizers.Adam(0.05), lambda: keras.optimizers.AdamW(0.05),
+    lambda: keras.optimizers.Adamax(0.05), lambda: keras.optimizers.Lamb(0.01),
+    lambda: keras.optimizers.SGD(0.5, momentum=0.9)])
+def test_an_embedding_with_ids_repeated_in_a_batch_trains_as_keras_fit(
+    optimizer):
+  # 12 ids in rows of 5: each batch repeats ids within a device's rows and
+  # across devices. Keras updates an Embedding's sparse gradient row by row
+  # (Adam's second moment sums each looked-up row's square), which the
+  # devices' rows, gathered, reproduce.
+  rng = np.random.default_rng(2)
+  ids = rng.integers(0, 12, (128, 5)).astype(np.int32)
+  y = rng.integers(0, CLASSES, 128).astype(np.int32)
+  reference = embedding_model(optimizer())
+  expected = reference.fit(ids, y, batch_size=BATCH, epochs=2,
+                           shuffle=False, verbose=0).history
+  model = embedding_model(optimizer())
+  history = keras_training.KerasTrainer(model).fit(
+      ids, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+  np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
+  for got, want in zip(model.get_weights(), reference.get_weights()):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda: keras.optimizers.RMSprop(0.05), lambda: keras.optimizers.Adagrad(
+        0.5)])
+def test_an_optimizer_that_cannot_take_sparse_rows_warns(optimizer):
+  rng = np.random.default_rng(2)
+  ids = rng.integers(0, 12, (64, 5)).astype(np.int32)
+  y = rng.integers(0, CLASSES, 64).astype(np.int32)
+  model = embedding_model(optimizer())
+  with pytest.warns(UserWarning, match="gets the gradient dense, summed "
+                    "over the devices; where ids repeat in a batch"):
+    history = keras_training.KerasTrainer(model).fit(
+        ids, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+  assert history["loss"][-1] < history["loss"][0]
+
+
 def test_batch_norm_moving_statistics_are_those_of_the_global_batch():
   # Each device normalizes its 4 rows by their own moments; the moving
   # statistics are those of the 32 rows, as in model.fit (not the mean of

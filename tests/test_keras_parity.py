@@ -457,6 +457,43 @@ def test_mixed_precision_trains_close_to_keras_fit(mixed_policy):
                              rtol=rtol, atol=atol)
 
 
+def _steps_scale_and_loss(model, history):
+  return (int(model.optimizer.iterations.numpy()),
+          float(model.optimizer.dynamic_scale.numpy()), history["loss"][-1])
+
+
+@pytest.mark.parametrize("mixed_policy", ["mixed_float16"], indirect=True)
+@pytest.mark.parametrize("spread, reference_kind", [(3.0, "fit"),
+                                                    (10.0, "mirrored")])
+def test_float16_loss_scaling_applies_the_steps_keras_applies(
+    mixed_policy, spread, reference_kind):
+  # Keras divides each replica's loss by the replicas before scaling it and
+  # sums their gradients: each device's scaled gradients are one device's
+  # size, and overflow where MirroredStrategy's do. Scaling each device's
+  # own mean loss overflowed 8 times sooner: at spread 3, 31 of fit's 32
+  # steps applied and a scale of 16384 for 32768. At spread 10 one-device
+  # fit overflows once where MirroredStrategy does not, which is the
+  # reference there.
+  del mixed_policy
+  x, y = data(seed=12, rows=1024)
+  x = x * spread
+  arguments = dict(batch_size=64, epochs=2, shuffle=False, verbose=0)
+  if reference_kind == "fit":
+    reference = mlp(keras.optimizers.Adam(0.01))
+  else:
+    strategy = tf.distribute.MirroredStrategy(
+        [f"/cpu:{k}" for k in range(8)])
+    with strategy.scope():
+      reference = mlp(keras.optimizers.Adam(0.01))
+  expected = _steps_scale_and_loss(reference,
+                                   reference.fit(x, y, **arguments).history)
+  model = mlp(keras.optimizers.Adam(0.01))
+  got = _steps_scale_and_loss(
+      model, keras_training.KerasTrainer(model).fit(x, y, **arguments).history)
+  assert got[:2] == expected[:2]
+  np.testing.assert_allclose(got[2], expected[2], rtol=2e-3)
+
+
 @pytest.mark.parametrize("mixed_policy", ["mixed_float16"], indirect=True)
 def test_loss_scale_skips_overflowing_steps_and_grows_as_keras(mixed_policy):
   # A first scale of 2**30 overflows float16 gradients: the scale halves on
