@@ -321,7 +321,8 @@ class KerasTrainer:
         Validation rows are not weighted.
       sample_weight: Per-example weights, when `x` is an array.
       validation_batch_size: The global batch size of array validation
-        data; None for `batch_size`.
+        data; None for `batch_size` (32, as in `model.fit`, where `x` is a
+        dataset).
       validation_freq: Validate every that many epochs (an int), or at the
         end of the epochs of a list (counted from 1), as in `model.fit`.
       remainder: 'error' or 'pad', for a global batch (of training or
@@ -350,8 +351,11 @@ class KerasTrainer:
     validation = None
     if validation_data is not None:
       _keras_inputs.check_step_override(self.model, "test_step", "fit")
+      # As model.fit: array validation data beside a dataset goes in
+      # batches of 32 unless `validation_batch_size` says otherwise.
       validation = self._validation_batches(
-          validation_data, validation_batch_size or batch_size, remainder)
+          validation_data,
+          validation_batch_size or batch_size or _KERAS_BATCH_SIZE, remainder)
     self.build(dataset)
     model = self.model
     steps_per_call = _step_batches.steps_per_execution(model)
@@ -617,6 +621,10 @@ class KerasTrainer:
     return _keras_step.metrics_of_global_batch(
         self.model, self.axis_name, metrics, loss, output_losses, x, y,
         y_pred, sample_weight, rows)
+
+
+# Keras' batch size for arrays given none.
+_KERAS_BATCH_SIZE = 32
 
 
 def _log_value(value):

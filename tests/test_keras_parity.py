@@ -58,6 +58,21 @@ def assert_same_run(model, history, reference, expected, rtol=1e-5,
 # --- validation -------------------------------------------------------------
 
 
+def test_validation_arrays_beside_a_training_dataset_give_keras_val_logs():
+  # model.fit batches such arrays by 32: 48 rows, a batch of 32 and one of
+  # 16.
+  x, y = data()
+  x_val, y_val = data(seed=3, rows=48)
+  dataset = lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+  reference = mlp()
+  expected = reference.fit(dataset(), epochs=2, verbose=0,
+                           validation_data=(x_val, y_val)).history
+  model = mlp()
+  history = keras_training.KerasTrainer(model).fit(
+      dataset(), epochs=2, verbose=0, validation_data=(x_val, y_val)).history
+  assert_same_run(model, history, reference, expected)
+
+
 def test_validation_data_arrays_give_keras_val_logs():
   x, y = data()
   x_val, y_val = data(seed=1, rows=40)
