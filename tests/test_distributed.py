@@ -114,6 +114,12 @@ def test_tf_config_of_one_task_is_one_process():
   assert (found.num_processes, found.process_id) == (1, 0)
 
 
+@pytest.mark.parametrize("index", ["1", 1.0, " 1"])
+def test_a_tf_config_task_index_as_tensorflow_reads_it(index):
+  found = cluster.resolve(environ=_tf_config("worker", index, worker=TWO))
+  assert found.process_id == 1
+
+
 def test_tf_config_is_read_before_a_launchers_variables():
   environ = dict(_tf_config("worker", 0, worker=TWO), SLURM_PROCID="1",
                  SLURM_NTASKS="4", SLURM_JOB_NODELIST="n1", SLURM_JOB_ID="7")
@@ -130,6 +136,13 @@ def test_tf_config_is_read_before_a_launchers_variables():
      r"its 'worker' job of 2 task"),
     (_tf_config("worker", 0, worker="h0:1,h1:1"), r"'worker' job must be a "
      r"list of 'host:port' strings"),
+    (_tf_config("worker", 0, worker=[]), r"TF_CONFIG's cluster lists no "
+     r"\"chief\" or \"worker\" task \(\{'worker': \[\]\}\)"),
+    (_tf_config("worker", 0.5, worker=TWO), r"task index must be a whole "
+     r"number \(as an int, a string of digits or a float such as 1.0\), got "
+     r"0.5"),
+    (_tf_config("worker", "one", worker=TWO), r"task index must be a whole "
+     r"number .*got 'one'"),
 ])
 def test_bad_tf_config_is_an_error(environ, message):
   with pytest.raises(ValueError, match=message):

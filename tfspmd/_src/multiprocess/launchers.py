@@ -102,6 +102,19 @@ TF_CONFIG_ENV = "TF_CONFIG"
 _TF_CONFIG_JOBS = ("chief", "worker")
 
 
+def _task_index(index):
+  """TF_CONFIG's task index as an int, as TensorFlow reads it: '1' and 1.0 too.
+
+  Anything else (1.5, 'one', True) is returned as it is, for the range check
+  to name.
+  """
+  if isinstance(index, str) and index.strip().isdigit():
+    return int(index)
+  if isinstance(index, float) and index.is_integer():
+    return int(index)
+  return index
+
+
 def tf_config(environ):
   """`(addresses, process_id)` from `TF_CONFIG`, or None where it is not set.
 
@@ -145,9 +158,14 @@ def tf_config(environ):
           f"must be a list of 'host:port' strings, got {tasks!r}.")
     addresses.extend(tasks)
   if not addresses:
+    if any(job in cluster for job in _TF_CONFIG_JOBS):
+      raise ValueError(
+          f"tfspmd.distributed.initialize: {TF_CONFIG_ENV}'s cluster lists "
+          f"no \"chief\" or \"worker\" task ({cluster!r}): list every "
+          f"process's 'host:port' in them.")
     return None
   task = config.get("task") or {}
-  kind, index = task.get("type"), task.get("index", 0)
+  kind, index = task.get("type"), _task_index(task.get("index", 0))
   if kind not in _TF_CONFIG_JOBS:
     raise ValueError(
         f"tfspmd.distributed.initialize: {TF_CONFIG_ENV}'s task is "
@@ -156,8 +174,12 @@ def tf_config(environ):
         f"\"task\": {{\"type\": \"worker\" (or \"chief\"), \"index\": ...}}, "
         f"or do not call tfspmd.distributed.initialize in it.")
   jobs = [len(cluster.get(job, [])) for job in _TF_CONFIG_JOBS]
-  if isinstance(index, bool) or not isinstance(index, int) or not (
-      0 <= index < jobs[_TF_CONFIG_JOBS.index(kind)]):
+  if isinstance(index, bool) or not isinstance(index, int):
+    raise ValueError(
+        f"tfspmd.distributed.initialize: {TF_CONFIG_ENV}'s task index must "
+        f"be a whole number (as an int, a string of digits or a float such "
+        f"as 1.0), got {index!r}.")
+  if not 0 <= index < jobs[_TF_CONFIG_JOBS.index(kind)]:
     raise ValueError(
         f"tfspmd.distributed.initialize: {TF_CONFIG_ENV}'s task index "
         f"{index!r} is out of range for its {kind!r} job of "
