@@ -393,6 +393,7 @@ def _current_prefix(path):
   """
   pointer = path + _POINTER
   if not tf.io.gfile.exists(pointer):
+    _check_not_a_file_of_a_checkpoint(path)
     return path
   with tf.io.gfile.GFile(pointer, "rb") as file:
     text = file.read()
@@ -407,6 +408,23 @@ def _current_prefix(path):
         f"checkpoint files of {path!r}, names none: the checkpoint at "
         f"{path!r} is damaged; restore an earlier one.")
   return os.path.join(os.path.dirname(path), name)
+
+
+def _check_not_a_file_of_a_checkpoint(path):
+  """Raises if `path` is one of a checkpoint's files, not its path.
+
+  Given the pointer file (`<path>.tfspmd`) or a prefix's `.index` file,
+  TensorFlow would read it as a damaged checkpoint; nothing is damaged.
+  """
+  for suffix in (_POINTER, ".index"):
+    if path.endswith(suffix) and tf.io.gfile.exists(path):
+      base = path[:-len(suffix)]
+      if suffix == _POINTER or tf.io.gfile.exists(base + _POINTER):
+        base = re.sub(re.escape(_POINTER) + "-" + _TOKEN + "$", "", base)
+      raise ValueError(
+          f"checkpoint.restore: {path!r} is one of the files of the "
+          f"checkpoint at {base!r}; give the path `save` was given (or the "
+          f"prefix it returned): checkpoint.restore({base!r}, like=...).")
 
 
 def _reader(path, prefix):

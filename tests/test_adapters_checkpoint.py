@@ -327,6 +327,20 @@ def test_restoring_what_is_not_there_is_an_error(tmp_path):
     checkpoint.restore(path, like=BIAS, epoch=tf.Variable(0))
 
 
+def test_a_checkpoints_own_file_given_as_its_path_says_which_path(tmp_path):
+  # Nothing is damaged: the message names the path to give.
+  base = str(tmp_path / "ckpt")
+  prefix = checkpoint.save(base, BIAS)
+  for given, named in ((base + ".tfspmd", base),
+                       (prefix + ".index", prefix)):
+    with pytest.raises(ValueError, match=(
+        rf"{re.escape(repr(given))} is one of the files of the checkpoint at "
+        rf"{re.escape(repr(named))}; give the path `save` was given \(or the "
+        rf"prefix it returned\)")):
+      checkpoint.restore(given, like=BIAS)
+  np.testing.assert_array_equal(checkpoint.restore(base, like=BIAS), BIAS)
+
+
 def classifier(weights=None):
   keras.utils.set_random_seed(3)
   model = keras.Sequential([keras.Input((4,)),
