@@ -74,6 +74,29 @@ def test_negative_index_and_range_at_per_device_offset():
   np.testing.assert_array_equal(np.asarray(out), expected)
 
 
+def test_the_ring_neighbours_row_of_an_all_gather():
+  # all_gather(x)[(axis_index + 1) % n], the ring-neighbour idiom: the
+  # gathered value is the same on every device, indexed at per-device rows.
+  x = RNG.standard_normal((N, 3, 2)).astype(np.float32)
+
+  def neighbours(v):
+    gathered = lax.all_gather(v, "i")
+    me = lax.axis_index("i")
+    return (gathered[(me + 1) % N], gathered[me, 1:],
+            tf.slice(gathered, tf.stack([(me + N - 1) % N, 0, 1]),
+                     [2, 3, 1]))
+
+  right, own_tail, left_pair = _pmap(neighbours)(x)
+  np.testing.assert_array_equal(np.asarray(right), np.roll(x, -1, axis=0))
+  np.testing.assert_array_equal(np.asarray(own_tail), x[:, 1:])
+  # Device k's slice starts at row k - 1 (mod 8), two rows, clamped as
+  # lax.dynamic_slice clamps: device 0's start 7 leaves no second row, so
+  # it starts at 6.
+  expected = np.stack([x[[min((k - 1) % N, N - 2), min((k - 1) % N, N - 2) + 1],
+                         :, 1:] for k in range(N)])
+  np.testing.assert_array_equal(np.asarray(left_pair), expected)
+
+
 def test_column_at_per_device_index():
   x = RNG.standard_normal((N, 4, 6)).astype(np.float32)
   out = _pmap(lambda v: v[:, (lax.axis_index("i") * 5) % 6])(x)

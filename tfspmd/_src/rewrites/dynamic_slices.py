@@ -37,9 +37,8 @@ def convert_slice(op_inputs):
         f"when tracing. Give tf.slice a static size (no -1 past an offset "
         f"that differs between devices), as lax.dynamic_slice takes one.")
   begin = op_inputs.stacked_input(1)
-  value = op_inputs.stacked_input(0)
   return [tf_internal.wrap_converted(
-      slice_rows(value, begin, sizes.as_list()), True)]
+      _sliced(op_inputs, begin, sizes.as_list()), True)]
 
 
 def strided_slice_applies(operation):
@@ -53,8 +52,10 @@ def convert_strided_slice(op_inputs):
   operation = op_inputs.op
   if not _offsets_stacked(op_inputs) or op_inputs.input(3).stacked:
     return per_position.default_or_per_position(op_inputs)
-  value = op_inputs.stacked_input(0)
-  sizes = _strided_slice_sizes(operation, value.shape.as_list()[1:])
+  # The value's dims, without stacking it (`_sliced` takes it as it is).
+  value = op_inputs.input(0)
+  dims = value.tensor.shape.as_list()[1 if value.stacked else 0:]
+  sizes = _strided_slice_sizes(operation, dims)
   if sizes is None:
     raise ValueError(
         f"the strided slice {operation.name.split('/pfor/')[0]} starts at an "
@@ -64,7 +65,6 @@ def convert_strided_slice(op_inputs):
         f"size) with a static size, as lax.dynamic_slice takes one.")
   shrink = operation.get_attr("shrink_axis_mask")
   begin_mask = operation.get_attr("begin_mask")
-  dims = value.shape.as_list()[1:]
   begin = op_inputs.stacked_input(1)
   given = begin.shape[1]
   starts = []
@@ -75,11 +75,11 @@ def convert_strided_slice(op_inputs):
       # Python's negative index counts from the end.
       start = begin[:, axis]
       starts.append(tf.where(start < 0, start + dim, start))
-  sliced = slice_rows(value, tf.stack(starts, axis=1), sizes)
+  sliced = _sliced(op_inputs, tf.stack(starts, axis=1), sizes)
   kept = [size for axis, size in enumerate(sizes)
           if axis >= given or not shrink >> axis & 1]
   return [tf_internal.wrap_converted(
-      tf.reshape(sliced, [value.shape[0]] + kept), True)]
+      tf.reshape(sliced, [op_inputs.loop_size] + kept), True)]
 
 
 def _strided_slice_sizes(operation, dims):
@@ -133,6 +133,32 @@ def _static_components(tensor, allow_unknown=False):
     value = tf.get_static_value(scalar)
     components.append(None if value is None else int(value))
   return components
+
+
+def _sliced(op_inputs, begin, sizes):
+  """Each position's slice of the op's first input, `[n, *sizes]`.
+
+  A value the same on every position (an all_gather's result, a constant)
+  is sliced along its first axis by one gather of every position's rows
+  from it as it lies: repeated once per position first, it would be laid
+  out unlike the offsets (an all_gather's result lies split along its
+  gathered axis), which DTensor's batched gather refuses ("input and
+  output layout do not agree on non-axis dim 0", TF 2.21). That is the
+  ring-neighbour idiom, `all_gather(x)[(axis_index(i) + 1) % n]`.
+  """
+  value = op_inputs.input(0)
+  if value.stacked:
+    return slice_rows(value.tensor, begin, sizes)
+  whole = value.tensor
+  dims = whole.shape.as_list()
+  if not dims or sizes[0] == dims[0]:
+    return slice_rows(op_inputs.stacked_input(0), begin, sizes)
+  start = tf.clip_by_value(tf.cast(begin[:, 0], tf.int64), 0,
+                           dims[0] - sizes[0])
+  positions = start[:, None] + tf.range(sizes[0], dtype=tf.int64)[None, :]
+  rows = tf.gather(whole, positions, axis=0)  # [n, size, d1, ...]
+  return slice_rows(rows, tf.pad(begin[:, 1:], [[0, 0], [1, 0]]),
+                    [sizes[0]] + sizes[1:])
 
 
 def slice_rows(value, begin, sizes):
