@@ -35,6 +35,7 @@ from tfspmd._src.arguments.transfers import device_put_replicated as device_put_
 from tfspmd._src.arguments.transfers import device_put_sharded as device_put_sharded
 from tfspmd._src.core.config import config as config
 from tfspmd._src.core.debug_mode import debug_mode as debug_mode
+from tfspmd._src.programs.jit import jit as jit
 from tfspmd._src.programs.pmap import pmap as pmap
 from tfspmd._src.programs.shard_map import shard_map as shard_map
 from tfspmd._src.programs.vmap import vmap as vmap
@@ -74,6 +75,7 @@ __all__ = [
     "devices",
     "distributed",
     "experimental",
+    "jit",
     "lax",
     "local_device_count",
     "local_devices",

@@ -1,0 +1,138 @@
+"""tfspmd.jit: JAX's jit around shard_map, against NumPy and shard_map.
+
+A training step that builds its shard_map on every call, as JAX code under
+`jax.jit` does, traced once; arguments placed as their shardings say; the
+results left on the devices for the next call.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfspmd
+from tfspmd import lax
+from tfspmd import NamedSharding
+from tfspmd import P
+from tfspmd._src.core import tf_internal
+
+
+@pytest.fixture(name="mesh")
+def fixture_mesh():
+  return tfspmd.make_mesh((4, 2), ("data", "model"))
+
+
+def per_device_step(state, x):
+  w = state["w"]
+  with tf.GradientTape() as tape:
+    tape.watch(w)
+    loss = tf.reduce_mean((x @ w) ** 2)
+  grad = lax.pmean(tape.gradient(loss, w), "data")
+  return ({"w": w - 0.1 * grad, "count": state["count"] + 1},
+          lax.pmean(loss, "data"))
+
+
+def numpy_steps(w, x, steps):
+  """The same steps in float64: 4 blocks of rows, gradients averaged."""
+  w, losses = w.astype(np.float64), []
+  blocks = x.astype(np.float64).reshape(4, -1, x.shape[1])
+  for _ in range(steps):
+    y = blocks @ w
+    losses.append(np.mean([np.mean(b ** 2) for b in y]))
+    grads = [2 * b.T @ yb / yb.size for b, yb in zip(blocks, y)]
+    w = w - 0.1 * np.mean(grads, axis=0)
+  return losses, w
+
+
+def test_a_step_building_its_shard_map_each_call_compiles_once(mesh):
+  traces = []
+
+  @tfspmd.jit
+  def step(state, x):
+    traces.append(1)
+    return tfspmd.shard_map(per_device_step, mesh=mesh,
+                            in_specs=(P(), P("data")),
+                            out_specs=(P(), P()))(state, x)
+
+  rng = np.random.default_rng(0)
+  w = rng.standard_normal((4, 3)).astype(np.float32)
+  data = rng.standard_normal((16, 4)).astype(np.float32)
+  x = tfspmd.device_put(data, NamedSharding(mesh, P("data")))
+  state, losses = {"w": w, "count": np.int32(0)}, []
+  for number in range(10):
+    if number == 1:
+      before = tf_internal.dtensor_lowerings_and_kernels()
+    state, loss = step(state, x)
+    losses.append(float(loss))
+  made = np.subtract(tf_internal.dtensor_lowerings_and_kernels(), before)
+  expected_losses, expected_w = numpy_steps(w, data, 10)
+  np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(state["w"]), expected_w, rtol=1e-5)
+  assert int(state["count"]) == 10
+  assert isinstance(state["w"], tfspmd.ShardedArray)
+  assert state["w"].sharding == NamedSharding(mesh, P())
+  assert len(traces) == 1 and tuple(made) == (0, 0)
+
+
+def test_arguments_go_where_their_shardings_say(mesh):
+  x = np.arange(16.).reshape(8, 2)
+  double = tfspmd.jit(lambda v: v * 2,
+                      in_shardings=NamedSharding(mesh, P("data")))
+  out = double(x)
+  np.testing.assert_array_equal(np.asarray(out), x * 2)
+  assert out.sharding == NamedSharding(mesh, P("data"))
+  again = tfspmd.jit(lambda v: v + 1,
+                     out_shardings=NamedSharding(mesh, P()))(out)
+  np.testing.assert_array_equal(np.asarray(again), x * 2 + 1)
+  assert again.sharding == NamedSharding(mesh, P())
+
+
+def test_host_arguments_take_the_context_mesh_or_every_device(mesh):
+  add = tfspmd.jit(lambda a, b: a + b)
+  out = add(np.ones(24, np.float32), np.full(24, 2.0, np.float32))
+  np.testing.assert_array_equal(np.asarray(out), np.full(24, 3.0))
+  assert out.sharding.mesh.shape == {"i": 8}
+  with mesh:
+    assert add(np.ones(24, np.float32),
+               np.ones(24, np.float32)).sharding.mesh == mesh
+
+
+def test_static_arguments_are_traced_once_per_value():
+  traces = []
+
+  def scale(x, factor):
+    traces.append(factor)
+    return x * factor
+
+  scaled = tfspmd.jit(scale, static_argnums=1)
+  x = np.arange(24, dtype=np.float32)
+  for factor in (2, 3, 2, 3):
+    np.testing.assert_array_equal(np.asarray(scaled(x, factor)), x * factor)
+  assert traces == [2, 3]
+
+
+def test_donated_arrays_are_freed(mesh):
+  x = tfspmd.device_put(np.ones(8, np.float32), NamedSharding(mesh, P()))
+  out = tfspmd.jit(lambda v: v + 1, donate_argnums=0)(x)
+  np.testing.assert_array_equal(np.asarray(out), 2.0)
+  assert x.is_deleted()
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda mesh: tfspmd.jit(lambda x, n: x, static_argnums=1)(
+        np.ones(8), [1]), TypeError,
+     "the static arguments [1] must be hashable"),
+    (lambda mesh: tfspmd.jit(lambda x: x, in_shardings=P("data"))(
+        np.ones(8)), TypeError, "`in_shardings` holds PartitionSpec"),
+    (lambda mesh: tfspmd.jit(lambda a, b: a + b, in_shardings=(
+        NamedSharding(mesh, P()), NamedSharding(tfspmd.make_mesh(
+            (8,), ("i",)), P())))(np.ones(8), np.ones(8)), ValueError,
+     "one function runs on one mesh"),
+    (lambda mesh: tfspmd.jit(lambda x: x, static_argnums=3)(np.ones(8)),
+     ValueError, "`static_argnums` holds 3, but the function was called "
+     "with 1 positional arguments"),
+    (lambda mesh: tfspmd.jit(3), TypeError, "`fun` must be callable"),
+])
+def test_bad_arguments_name_what_was_expected(mesh, call, error, words):
+  with pytest.raises(error) as raised:
+    call(mesh)
+  assert words in str(raised.value)

@@ -1,0 +1,300 @@
+"""`tfspmd.jit`: JAX's `jax.jit` for functions over global arrays.
+
+The function is traced once per call signature into one `tf.function`
+that runs on DTensors: every argument is placed on one mesh (as its
+sharding says), each pmap and shard_map inside adds its ops to the graph
+and runs over the mesh's devices as the arguments' layouts say
+(`pmap_in_graph`), and the results come back as `ShardedArray`s laid out
+as DTensor left them (or as `out_shardings` say), ready for the next call.
+A shard_map built inside on every call, as JAX code under `jax.jit` does,
+is traced with the function, not at each call.
+
+Small replicated arguments cross the function's boundary wide and small
+results are returned wide (`small_values`), so that DTensor does not fold
+them into the program and compile it again when they change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence
+import functools
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfspmd._src.arguments import arguments
+from tfspmd._src.arguments import transfers
+from tfspmd._src.core import lru
+from tfspmd._src.core import tf_internal
+from tfspmd._src.runtime import devices as devices_lib
+from tfspmd._src.runtime import dtensor_device
+from tfspmd._src.runtime import mesh_context
+from tfspmd._src.runtime import placement as placement_lib
+from tfspmd._src.runtime import small_values
+from tfspmd._src.runtime.named_mesh import Mesh
+from tfspmd._src.runtime.named_mesh import PartitionSpec
+from tfspmd._src.runtime.named_mesh import make_mesh
+from tfspmd._src.runtime.named_sharding import NamedSharding
+from tfspmd._src.runtime.sharded_array import ShardedArray
+from tfspmd._src.trees import tree
+
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
+
+def _positions(value, name, count=None):
+  """`value` (an int or a sequence of ints) as a tuple of positions."""
+  values = (value,) if isinstance(value, (int, np.integer)) else value
+  try:
+    values = tuple(values)
+  except TypeError:
+    values = None
+  if values is None or not all(
+      isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+      for v in values):
+    raise TypeError(f"jit: `{name}` must be an int or a sequence of ints, "
+                    f"got {value!r}.")
+  if count is None:
+    return tuple(int(v) for v in values)
+  for v in values:
+    if not -count <= v < count:
+      raise ValueError(f"jit: `{name}` holds {v}, but the function was "
+                       f"called with {count} positional arguments.")
+  return tuple(sorted({int(v) % count for v in values}))
+
+
+def _is_sharding_leaf(value):
+  """Ends the walk of a shardings tree: a sharding, None, or a bare spec."""
+  return value is None or isinstance(value, (NamedSharding, PartitionSpec))
+
+
+class JittedFunction:
+  """The callable `jit` returns."""
+
+  def __init__(self, fun, in_shardings, out_shardings, static_argnums,
+               donate_argnums):
+    if not callable(fun):
+      raise TypeError(f"jit: `fun` must be callable, got {fun!r}.")
+    self._fun = fun
+    self._in_shardings = in_shardings
+    self._out_shardings = out_shardings
+    self._static_argnums = _positions(static_argnums, "static_argnums")
+    self._donate_argnums = _positions(donate_argnums, "donate_argnums")
+    self._functions = lru.LRUCache(lru.TRACE_CACHE_SIZE)
+    functools.update_wrapper(self, fun, updated=())
+
+  def _mesh(self, leaves):
+    """The mesh every argument goes on."""
+    for shardings in (self._in_shardings, self._out_shardings):
+      for sharding in tree.flatten(shardings,
+                                   is_leaf=_is_sharding_leaf)[0]:
+        if isinstance(sharding, NamedSharding):
+          return sharding.mesh
+    context = mesh_context.get_mesh()
+    if context is not None:
+      return context
+    for leaf in leaves:
+      if isinstance(leaf, ShardedArray) and isinstance(
+          leaf.sharding.mesh, Mesh):
+        return leaf.sharding.mesh
+    return make_mesh((devices_lib.device_count(),), ("i",))
+
+  @_do_not_convert
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    static = _positions(self._static_argnums, "static_argnums", len(args))
+    donated = _positions(self._donate_argnums, "donate_argnums", len(args))
+    static_values = tuple((k, args[k]) for k in static)
+    try:
+      hash(static_values)
+    except TypeError:
+      raise TypeError(
+          f"jit: the static arguments {[k for k in static]} must be "
+          f"hashable, as they key the traces; got "
+          f"{[type(args[k]).__name__ for k in static]}.") from None
+    dynamic = tuple(a for k, a in enumerate(args) if k not in static)
+    leaves, treedef = tree.flatten((dynamic, kwargs))
+    paths = tree.leaf_paths((dynamic, kwargs), "args")
+    mesh = self._mesh(leaves)
+    shardings = self._leaf_shardings(dynamic, kwargs, len(leaves))
+    placed = [self._placed(leaf, sharding, mesh, path)
+              for leaf, sharding, path in zip(leaves, shardings, paths)]
+    wide = tuple(_is_small_replicated(value) for value in placed)
+    tensors = [value._wide_value(  # pylint: disable=protected-access
+        value.placement) if is_wide else value.dtensor_value
+               for value, is_wide in zip(placed, wide)]
+    key = (treedef, static_values, wide, tuple(
+        (tuple(v.shape), v.dtype) for v in placed), mesh.mesh_key)
+    function = self._functions.get(key)
+    if function is None:
+      function = self._traced(treedef, static_values, len(args), placed,
+                              wide)
+      self._functions.put(key, function)
+    call, out_treedef, out_wide, out_shapes = function
+    with dtensor_device.entry:
+      outputs = call(*tensors)
+    results = [_wrapped(value, shape, is_wide, mesh)
+               for value, shape, is_wide in zip(outputs, out_shapes,
+                                                  out_wide)]
+    result = out_treedef.unflatten(results)
+    if self._out_shardings is not None:
+      result = transfers.device_put(result, self._out_shardings)
+    for k in donated:
+      for leaf in tree.flatten(args[k])[0]:
+        if isinstance(leaf, ShardedArray) and not leaf.is_deleted():
+          leaf.delete()
+    return result
+
+  def _leaf_shardings(self, dynamic, kwargs, count):
+    if self._in_shardings is None:
+      return [None] * count
+    shardings = tree.broadcast_prefix(
+        (self._in_shardings, {}), (dynamic, kwargs), spec_name="in_shardings",
+        root="args", is_spec_leaf=_is_sharding_leaf)
+    for sharding in shardings:
+      if sharding is not None and not isinstance(sharding, NamedSharding):
+        raise TypeError(
+            f"jit: `in_shardings` holds {sharding!r}; give NamedShardings "
+            f"(NamedSharding(mesh, spec)) or None.")
+    return shardings
+
+  @staticmethod
+  def _placed(leaf, sharding, mesh, path):
+    """`leaf` as a ShardedArray on `mesh` (as `sharding` says, if given)."""
+    value = arguments.to_array_leaf(leaf, path)
+    if sharding is not None:
+      if sharding.mesh != mesh:
+        raise ValueError(
+            f"jit: the in_shardings run over the meshes {sharding.mesh} and "
+            f"{mesh}; one function runs on one mesh.")
+      return transfers.device_put(value, sharding)
+    if isinstance(value, ShardedArray):
+      current = value.sharding
+      if current.mesh == mesh and value.placement.merged is None:
+        return value
+      if current.mesh == mesh and value.placement.merged is not None:
+        # DTensor's function takes DTensors of one mesh: a dimension split
+        # over several axes lies on a merged one, so it goes in whole.
+        return transfers.device_put(value, NamedSharding(mesh,
+                                                          PartitionSpec()))
+      if set(value.devices()) == set(mesh.devices.flat):
+        return transfers.device_put(value, NamedSharding(mesh,
+                                                          PartitionSpec()))
+      raise ValueError(
+          f"jit: {path} lies on the devices of {current.mesh}, but the "
+          f"function runs on {mesh}; device_put it onto the function's mesh "
+          f"first.")
+    return transfers.device_put(value, NamedSharding(mesh, PartitionSpec()))
+
+  def _traced(self, treedef, static_values, count, placed, wide):
+    """`(caller, output treedef, output wide flags, output shapes)`."""
+    fun, built = self._fun, {}
+
+    def body(*tensors):
+      tensors = [small_values.narrow(t, value.shape.as_list()) if is_wide
+                 else t for t, value, is_wide in zip(tensors, placed, wide)]
+      dynamic, kwargs = treedef.unflatten(tensors)
+      rest = iter(dynamic)
+      given = dict(static_values)
+      call_args = [given[k] if k in given else next(rest)
+                   for k in range(count)]
+      result = fun(*call_args, **kwargs)
+      leaves, out_treedef = tree.flatten(result)
+      outputs, out_wide, shapes = [], [], []
+      for leaf in leaves:
+        tensor = tf.convert_to_tensor(leaf)
+        shapes.append(tensor.shape)
+        small = tensor.shape.is_fully_defined() and small_values.is_small(
+            tensor.shape.as_list(), tensor.dtype)
+        out_wide.append(small)
+        outputs.append(small_values.widen(tensor) if small else tensor)
+      built.update(treedef=out_treedef, wide=tuple(out_wide), shapes=shapes)
+      return outputs
+
+    function = tf.function(body, autograph=False)
+    specs = [tf.TensorSpec((small_values.WIDTH,) if is_wide else
+                           tuple(value.dtensor_value.shape), value.dtype)
+             for value, is_wide in zip(placed, wide)]
+    concrete = function.get_concrete_function(*specs)
+    return (tf_internal.flat_caller(concrete, concrete.captured_inputs),
+            built["treedef"], built["wide"], built["shapes"])
+
+
+def _is_small_replicated(value):
+  return small_values.is_small_replicated(value.placement.spec, value.shape,
+                                          value.dtype)
+
+
+def _wrapped(value, shape, wide, mesh):
+  """The DTensor output `value` as a `ShardedArray` on `mesh`."""
+  layout = dtensor.fetch_layout(value)
+  if wide and not layout.is_fully_replicated():
+    raise ValueError(
+        "jit: a small result came back split over the devices; DTensor "
+        "laid it out so (TF 2.21).")
+  if layout.mesh != mesh.dtensor_mesh:
+    raise ValueError(
+        f"jit: a result lies on the DTensor mesh {layout.mesh.dim_names}, not "
+        f"on the function's mesh {mesh}: a pmap inside runs on a mesh of its "
+        f"own; use shard_map over the function's mesh inside jit.")
+  spec = (None,) * shape.rank if wide else tuple(
+      None if dim == dtensor.UNSHARDED else dim
+      for dim in layout.sharding_specs)
+  placement = placement_lib.Placement(mesh.mesh_key, spec)
+  return ShardedArray(value, placement, placement.local_shape(
+      tuple(shape.as_list())), value.dtype, wide=wide)
+
+
+def jit(fun: Callable[..., Any] | None = None, *,
+        in_shardings: Any = None, out_shardings: Any = None,
+        static_argnums: int | Sequence[int] = (),
+        donate_argnums: int | Sequence[int] = ()) -> Any:
+  """JAX's `jax.jit`: `fun` traced once per signature, run on the devices.
+
+  Every array argument is placed on one mesh: the mesh of the shardings
+  given, else the context's (`set_mesh`, `with mesh:`), else that of the
+  first `ShardedArray` argument, else one axis 'i' over every device. The
+  function runs as one `tf.function` on DTensors: a `shard_map` over that
+  mesh inside (built anew on every call, as JAX code builds it) runs over
+  the devices, traced once with the function. Results are `ShardedArray`s
+  laid out as the program left them, which go into the next call with no
+  copy.
+
+  Args:
+    fun: The function, of arrays (pytrees of them) to arrays.
+    in_shardings: A `NamedSharding` per positional argument (or a tree
+      prefix of them; None for an argument to take as it lies, or whole on
+      each device if it is a host value).
+    out_shardings: Shardings of the results (a tree prefix), or None.
+    static_argnums: Positions of hashable arguments that are Python values
+      the function is traced for, one trace per value.
+    donate_argnums: Positions of arguments whose `ShardedArray`s are freed
+      after the call.
+
+  Returns:
+    The jitted function (or a decorator, without `fun`).
+
+  Example:
+    >>> import numpy as np, tensorflow as tf, tfspmd
+    >>> from tfspmd import P, lax
+    >>> mesh = tfspmd.make_mesh((8,), ('data',))
+    >>> @tfspmd.jit
+    ... def mean_row(x):
+    ...   total = tfspmd.shard_map(lambda b: lax.psum(tf.reduce_sum(b, 0),
+    ...                                               'data'),
+    ...                          mesh=mesh, in_specs=P('data'),
+    ...                          out_specs=P())(x)
+    ...   return total / x.shape[0]
+    >>> x = tfspmd.device_put(np.arange(16.).reshape(8, 2),
+    ...                       tfspmd.NamedSharding(mesh, P('data')))
+    >>> print(mean_row(x))
+    [7. 8.]
+  """
+  if fun is None:
+    return functools.partial(jit, in_shardings=in_shardings,
+                             out_shardings=out_shardings,
+                             static_argnums=static_argnums,
+                             donate_argnums=donate_argnums)
+  return JittedFunction(fun, in_shardings, out_shardings, static_argnums,
+                        donate_argnums)
