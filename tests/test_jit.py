@@ -136,3 +136,16 @@ def test_bad_arguments_name_what_was_expected(mesh, call, error, words):
   with pytest.raises(error) as raised:
     call(mesh)
   assert words in str(raised.value)
+
+
+def test_small_results_split_or_constant_come_back_whole(mesh):
+  x = np.arange(16, dtype=np.float32).reshape(8, 2)
+  placed = tfspmd.device_put(x, NamedSharding(mesh, P("data")))
+  same, three, head = tfspmd.jit(lambda v: (v, 3.0, v[:1]))(placed)
+  np.testing.assert_array_equal(np.asarray(same), x)
+  np.testing.assert_array_equal(np.asarray(three), 3.0)
+  np.testing.assert_array_equal(np.asarray(head), x[:1])
+  # Held whole on each device (a small array goes in and out padded).
+  assert same.sharding == NamedSharding(mesh, P())
+  ones = tfspmd.jit(lambda: tf.ones(3))()
+  np.testing.assert_array_equal(np.asarray(ones), np.ones(3))

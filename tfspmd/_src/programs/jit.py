@@ -10,8 +10,9 @@ A shard_map built inside on every call, as JAX code under `jax.jit` does,
 is traced with the function, not at each call.
 
 Small replicated arguments cross the function's boundary wide and small
-results are returned wide (`small_values`), so that DTensor does not fold
-them into the program and compile it again when they change.
+results are returned wide, whole on each device (`small_values`), so that
+DTensor does not fold them into the program and compile it again when
+they change.
 """
 
 from __future__ import annotations
@@ -129,11 +130,21 @@ class JittedFunction:
     function = self._functions.get(key)
     if function is None:
       function = self._traced(treedef, static_values, len(args), placed,
-                              wide)
+                              wide, mesh)
       self._functions.put(key, function)
     call, out_treedef, out_wide, out_shapes = function
-    with dtensor_device.entry:
-      outputs = call(*tensors)
+    try:
+      # The mesh is the default one for ops with no DTensor input (a
+      # function of no arguments).
+      with dtensor_device.entry, dtensor.default_mesh(mesh.dtensor_mesh):
+        outputs = call(*tensors)
+    except tf.errors.OpError:
+      raise ValueError(
+          f"jit: DTensor (TF {tf.__version__}) could not lower or run the "
+          f"jitted function {getattr(self._fun, '__qualname__', self._fun)} "
+          f"on {mesh}. Call the shard_maps inside it on their own: tfspmd "
+          f"then names the op DTensor refused and what to write instead."
+      ) from None
     results = [_wrapped(value, shape, is_wide, mesh)
                for value, shape, is_wide in zip(outputs, out_shapes,
                                                   out_wide)]
@@ -187,9 +198,10 @@ class JittedFunction:
           f"first.")
     return transfers.device_put(value, NamedSharding(mesh, PartitionSpec()))
 
-  def _traced(self, treedef, static_values, count, placed, wide):
+  def _traced(self, treedef, static_values, count, placed, wide, mesh):
     """`(caller, output treedef, output wide flags, output shapes)`."""
     fun, built = self._fun, {}
+    mesh = mesh.dtensor_mesh
 
     def body(*tensors):
       tensors = [small_values.narrow(t, value.shape.as_list()) if is_wide
@@ -208,7 +220,13 @@ class JittedFunction:
         small = tensor.shape.is_fully_defined() and small_values.is_small(
             tensor.shape.as_list(), tensor.dtype)
         out_wide.append(small)
-        outputs.append(small_values.widen(tensor) if small else tensor)
+        if small:
+          # Whole on each device first: a small result may lie split.
+          whole = dtensor.relayout(tensor, dtensor.Layout.replicated(
+              mesh, tensor.shape.rank))
+          tensor = dtensor.relayout(small_values.widen(whole),
+                                    small_values.wide_layout(mesh))
+        outputs.append(tensor)
       built.update(treedef=out_treedef, wide=tuple(out_wide), shapes=shapes)
       return outputs
 
@@ -229,10 +247,6 @@ def _is_small_replicated(value):
 def _wrapped(value, shape, wide, mesh):
   """The DTensor output `value` as a `ShardedArray` on `mesh`."""
   layout = dtensor.fetch_layout(value)
-  if wide and not layout.is_fully_replicated():
-    raise ValueError(
-        "jit: a small result came back split over the devices; DTensor "
-        "laid it out so (TF 2.21).")
   if layout.mesh != mesh.dtensor_mesh:
     raise ValueError(
         f"jit: a result lies on the DTensor mesh {layout.mesh.dim_names}, not "
