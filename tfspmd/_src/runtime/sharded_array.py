@@ -240,10 +240,9 @@ class ShardedArray:
     if not self._wide:
       return self._stored()
     if self._other_form is None:
-      # Through the host: an eager op on one device's copy could raise an
-      # error another op of that device left in the eager executor.
-      self._other_form = placement_lib.pack_host_array(self.numpy(),
-                                                       self._placement)
+      with dtensor_device.entry:
+        self._other_form = small_values.narrowed(self._stored(),
+                                                 self._shape.as_list())
     self._other_form = dtensor_device.current(self._other_form)
     return self._other_form
 
@@ -257,9 +256,8 @@ class ShardedArray:
       wide = self._stored()
     else:
       if self._other_form is None:
-        self._other_form = placement_lib.pack_host_array(
-            small_values.widen_host(self.numpy()),
-            placement_lib.Placement(self._placement.mesh_key, (None,)))
+        with dtensor_device.entry:
+          self._other_form = small_values.widened(self._stored())
       wide = self._other_form = dtensor_device.current(self._other_form)
     return small_values.on_mesh(wide, placement.mesh)
 

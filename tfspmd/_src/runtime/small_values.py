@@ -26,6 +26,8 @@ from tfspmd._src.runtime import dtensor_device
 
 # DTensor folds replicated inputs of fewer elements (kSmallTensorThreshold).
 WIDTH = 20
+# The widening and narrowing functions, by (kind, shape, dtype).
+_CONVERTERS = {}
 _FOLDED_DTYPES = frozenset((tf.float32, tf.int32, tf.int64))
 
 
@@ -68,6 +70,35 @@ def narrow_host(wide, shape):
 def wide_layout(mesh):
   """The layout of a wide array on the DTensor `mesh`: whole on each device."""
   return dtensor.Layout.replicated(mesh, 1)
+
+
+def widened(value):
+  """The replicated DTensor `value` as a wide DTensor, on its devices.
+
+  A function DTensor runs on the devices: no wait for `value`, no trip
+  through the host. (DTensor folds `value` into its first lowering and
+  lowers it once more the first time another value comes.)
+  """
+  return _converter("widen", tuple(value.shape), value.dtype)(value)
+
+
+def narrowed(wide, shape):
+  """The wide DTensor `wide` as a replicated DTensor of `shape`."""
+  return _converter("narrow", tuple(shape), wide.dtype)(wide)
+
+
+def _converter(kind, shape, dtype):
+  """The `tf.function` widening or narrowing arrays of `shape` and `dtype`."""
+  key = (kind, shape, dtype)
+  converter = _CONVERTERS.get(key)
+  if converter is None:
+    if kind == "widen":
+      converter = tf.function(widen, autograph=False)
+    else:
+      converter = tf.function(lambda t: narrow(t, list(shape)),
+                              autograph=False)
+    _CONVERTERS[key] = converter
+  return converter
 
 
 def on_mesh(wide, mesh):
