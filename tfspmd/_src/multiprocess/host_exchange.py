@@ -200,18 +200,28 @@ def sync_global_devices(name: str) -> None:
         f"one order.")
 
 
-def _specs(pspecs, inputs, function):
-  return tree.broadcast_prefix(
+def _each_leaf_placed(inputs, global_mesh, pspecs, function, place):
+  """`place(leaf, sharding)` for each leaf of `inputs`, by its spec.
+
+  Args:
+    inputs: A pytree of arrays.
+    global_mesh: The `Mesh` the shardings lie on.
+    pspecs: A `PartitionSpec` (or None: whole on each device) per leaf, or
+      a tree prefix of them.
+    function: The caller's name, for a message.
+    place: Makes a leaf's array for its `NamedSharding`.
+  """
+  if not isinstance(global_mesh, Mesh):
+    raise TypeError(f"{function}: `global_mesh` must be a tfspmd.Mesh, got "
+                    f"{type(global_mesh).__name__}.")
+  leaves, treedef = tree.flatten(inputs)
+  specs = tree.broadcast_prefix(
       pspecs, inputs, spec_name="pspecs", root="inputs",
       is_spec_leaf=lambda spec: spec is None or isinstance(
           spec, PartitionSpec))
-
-
-def _checked_mesh(mesh, function):
-  if not isinstance(mesh, Mesh):
-    raise TypeError(f"{function}: `global_mesh` must be a tfspmd.Mesh, got "
-                    f"{type(mesh).__name__}.")
-  return mesh
+  return treedef.unflatten([
+      place(leaf, NamedSharding(global_mesh, spec or PartitionSpec()))
+      for leaf, spec in zip(leaves, specs)])
 
 
 def host_local_array_to_global_array(local_inputs: Any, global_mesh: Mesh,
@@ -236,14 +246,10 @@ def host_local_array_to_global_array(local_inputs: Any, global_mesh: Mesh,
     >>> x.sharding.spec
     PartitionSpec('i')
   """
-  function = "host_local_array_to_global_array"
-  mesh = _checked_mesh(global_mesh, function)
-  leaves, treedef = tree.flatten(local_inputs)
-  specs = _specs(pspecs, local_inputs, function)
-  return treedef.unflatten([
-      global_arrays.make_array_from_process_local_data(
-          NamedSharding(mesh, spec or PartitionSpec()), leaf)
-      for leaf, spec in zip(leaves, specs)])
+  return _each_leaf_placed(
+      local_inputs, global_mesh, pspecs, "host_local_array_to_global_array",
+      lambda leaf, sharding: global_arrays.make_array_from_process_local_data(
+          sharding, leaf))
 
 
 def global_array_to_host_local_array(global_inputs: Any, global_mesh: Mesh,
@@ -262,10 +268,6 @@ def global_array_to_host_local_array(global_inputs: Any, global_mesh: Mesh,
     >>> x.shape
     TensorShape([8])
   """
-  function = "global_array_to_host_local_array"
-  mesh = _checked_mesh(global_mesh, function)
-  leaves, treedef = tree.flatten(global_inputs)
-  specs = _specs(pspecs, global_inputs, function)
-  return treedef.unflatten([
-      transfers.device_put(leaf, NamedSharding(mesh, spec or PartitionSpec()))
-      for leaf, spec in zip(leaves, specs)])
+  return _each_leaf_placed(global_inputs, global_mesh, pspecs,
+                           "global_array_to_host_local_array",
+                           transfers.device_put)
