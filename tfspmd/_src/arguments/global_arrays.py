@@ -19,6 +19,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.arguments import arguments
+from tfspmd._src.runtime import device_meshes
 from tfspmd._src.runtime import dtensor_device
 from tfspmd._src.runtime import placement as placement_lib
 from tfspmd._src.runtime.named_sharding import NamedSharding
@@ -33,19 +34,6 @@ def _checked_sharding(sharding, function):
         f"got {type(sharding).__name__}; for one device, use "
         f"tfspmd.device_put(x, device).")
   return sharding
-
-
-def _checked_shape(shape, function, name="shape"):
-  try:
-    shape = tuple(shape)
-  except TypeError:
-    shape = None
-  if shape is None or not all(
-      isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0
-      for n in shape):
-    raise TypeError(f"{function}: `{name}` must be a sequence of "
-                    f"non-negative ints, got {shape!r}.")
-  return tuple(int(n) for n in shape)
 
 
 def _wrapped(components, placement, shape, dtype):
@@ -93,7 +81,7 @@ def make_array_from_callback(
     True
   """
   function = "make_array_from_callback"
-  shape = _checked_shape(shape, function)
+  shape = device_meshes.checked_shape(shape, "shape", function, 0)
   sharding = _checked_sharding(sharding, function)
   placement = placement_of(sharding, shape, f"{function}: the array")
   expected = _block_shape(placement, shape)
@@ -156,7 +144,7 @@ def make_array_from_single_device_arrays(
     [ 0. 10. 20. 30. 40. 50. 60. 70.]
   """
   function = "make_array_from_single_device_arrays"
-  shape = _checked_shape(shape, function)
+  shape = device_meshes.checked_shape(shape, "shape", function, 0)
   sharding = _checked_sharding(sharding, function)
   placement = placement_of(sharding, shape, f"{function}: the array")
   expected = _block_shape(placement, shape)
@@ -250,7 +238,8 @@ def make_array_from_process_local_data(
     global_shape = tuple(
         extent * count // local_count for extent, count, local_count in zip(
             local.shape, probe.counts(), probe.local_counts()))
-  global_shape = _checked_shape(global_shape, function, "global_shape")
+  global_shape = device_meshes.checked_shape(global_shape, "global_shape",
+                                              function, 0)
   placement = placement_of(sharding, global_shape, f"{function}: the array")
   if tuple(placement.local_shape(global_shape)) != local.shape:
     raise ValueError(

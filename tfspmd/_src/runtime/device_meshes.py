@@ -18,15 +18,20 @@ import numpy as np
 from tfspmd._src.runtime import devices as devices_lib
 
 
-def _checked_shape(shape, name, function):
+def checked_shape(shape, name, function, smallest=1):
+  """`shape` as a tuple of ints of at least `smallest`, or a TypeError.
+
+  The error names `function`'s argument `name`.
+  """
   try:
     shape = tuple(shape)
   except TypeError:
     shape = None
   if shape is None or not all(
-      isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1
-      for n in shape):
-    raise TypeError(f"{function}: `{name}` must be a sequence of positive "
+      isinstance(n, (int, np.integer)) and not isinstance(n, bool) and
+      n >= smallest for n in shape):
+    kind = "positive" if smallest == 1 else "non-negative"
+    raise TypeError(f"{function}: `{name}` must be a sequence of {kind} "
                     f"ints, got {shape!r}.")
   return tuple(int(n) for n in shape)
 
@@ -80,7 +85,7 @@ def create_device_mesh(
     Mesh({'data': 2, 'model': 4})
   """
   function = "create_device_mesh"
-  mesh_shape = _checked_shape(mesh_shape, "mesh_shape", function)
+  mesh_shape = checked_shape(mesh_shape, "mesh_shape", function)
   devices = _checked_devices(devices, function)
   _checked_flags(function, contiguous_submeshes=contiguous_submeshes,
                  allow_split_physical_axes=allow_split_physical_axes)
@@ -132,8 +137,8 @@ def create_hybrid_device_mesh(
     (2, 4)
   """
   function = "create_hybrid_device_mesh"
-  mesh_shape = _checked_shape(mesh_shape, "mesh_shape", function)
-  dcn_mesh_shape = _checked_shape(dcn_mesh_shape, "dcn_mesh_shape", function)
+  mesh_shape = checked_shape(mesh_shape, "mesh_shape", function)
+  dcn_mesh_shape = checked_shape(dcn_mesh_shape, "dcn_mesh_shape", function)
   devices = _checked_devices(devices, function)
   _checked_flags(function, process_is_granule=process_is_granule,
                  should_sort_granules_by_key=should_sort_granules_by_key,
