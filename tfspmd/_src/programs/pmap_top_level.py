@@ -122,7 +122,7 @@ def run(program, values, axis_name):
     placed = _as_expanded_outputs(values, placed, program.input_placements)
   first_run = not program.ran and config.tfspmd_log_compiles
   program.ran = True
-  start = time.perf_counter()
+  start = time.perf_counter() if first_run else None
   try:
     with dtensor_settings.applied(program.dtensor_switches):
       with dtensor_device.entry:
