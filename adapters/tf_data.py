@@ -159,7 +159,7 @@ class DeviceBatches:
 
   def _items(self):
     batch_index = 0
-    for share, sizes in self._dataset:
+    for share, sizes in dataset_elements(self._dataset):
       sizes = sizes.numpy()
       if self._steps is None:
         self._check_sizes(sizes, batch_index)
@@ -339,6 +339,28 @@ def _share(element, index, count):
   share = tf.nest.map_structure(
       lambda leaf: leaf[index * rows:(index + 1) * rows], element)
   return share, sizes
+
+
+def dataset_elements(dataset: tf.data.Dataset) -> Iterator[Any]:
+  """The elements of `dataset`, read as `for element in dataset` reads them.
+
+  A `for` loop over a dataset makes and frees one eager executor per element
+  (TF 2.21); a wait for the programs in flight in another thread, which each
+  read of a result makes, can meet a freed one: the process crashes ("Mutex
+  corrupt", a segfault) or hangs. `get_next_as_optional` makes none, so
+  every dataset tfspmd reads in a thread of its own is read through here.
+
+  Example:
+
+    >>> [int(x) for x in dataset_elements(tf.data.Dataset.range(3))]
+    [0, 1, 2]
+  """
+  iterator = iter(dataset)
+  while True:
+    element = iterator.get_next_as_optional()
+    if not element.has_value():
+      return
+    yield element.get_value()
 
 
 def _background(items, buffer_size):

@@ -262,3 +262,28 @@ def test_placing_batches_in_a_thread_while_programs_compile():
   # v <- v * (k + 1) + 8 v twice, from 1.
   expected = [(k + 9.0) ** 2 for k in range(12)]
   np.testing.assert_allclose([float(v) for v in run.stdout.split()], expected)
+
+
+def test_reading_batches_makes_no_eager_executor(monkeypatch):
+  # TensorFlow's `for element in dataset` makes and frees an eager executor
+  # per element; a read of a result in another thread waits on every
+  # executor and crashed the process when it met a freed one. The placement
+  # thread must read its dataset without making any.
+  from tensorflow.python.eager import executor  # pylint: disable=g-direct-tensorflow-import
+  made = []
+  new_executor = executor.new_executor
+
+  def counted(*args, **kwargs):
+    made.append(threading.current_thread().name)
+    return new_executor(*args, **kwargs)
+
+  monkeypatch.setattr(executor, "new_executor", counted)
+  _, y, dataset = global_batches(64, 16)
+  batches = list(tf_data.device_batches(dataset, steps_per_call=2))
+  assert made == []
+  np.testing.assert_array_equal(
+      np.concatenate([np.asarray(by).transpose(1, 0, 2).reshape(-1)
+                      for _, by in batches]), y)
+  assert [int(e) for e in tf_data.dataset_elements(
+      tf.data.Dataset.range(3))] == [0, 1, 2]
+  assert made == []

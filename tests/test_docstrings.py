@@ -46,6 +46,7 @@ ADAPTERS_PUBLIC = [
     "tfspmd.adapters.checkpoint.restore",
     "tfspmd.adapters.checkpoint.save",
     "tfspmd.adapters.keras_training.KerasTrainer",
+    "tfspmd.adapters.tf_data.dataset_elements",
     "tfspmd.adapters.tf_data.device_batches",
 ]
 

@@ -23,10 +23,15 @@ function per device is cancelled with it, so on CPUs programs traced after
 a failure run under DTensor's multi-device expansion
 (`dtensor_settings.for_program`).
 
-DTensor's device is not safe to enter from two threads at once (TF 2.21): a
-program's first call while another thread placed batches on the devices
-corrupted a mutex and aborted the process. Every call tfspmd makes into it,
-in whichever thread, holds `entry`.
+DTensor's device is not safe to enter from two threads at once (TF 2.21).
+Every call tfspmd makes into it, in whichever thread, holds `entry`.
+
+The wait for the programs in flight waits on every thread's eager executor
+(TF 2.21): one that another thread frees meanwhile is used after it is freed
+(the process aborts with "Mutex corrupt", segfaults or hangs). A `for` loop
+over a `tf.data.Dataset` makes and frees one per element, so tfspmd's own
+threads read datasets with `tfspmd.adapters.tf_data.dataset_elements`,
+which makes none.
 """
 
 import threading
@@ -70,8 +75,7 @@ def wait_for_programs():
   try:
     # DTensor's device makes a new cancellation manager when it waits
     # (AsyncWait), which a program another thread starts meanwhile may be
-    # using; a mutex was found corrupted (an abort) where a wait ran beside
-    # a first call and placements. The wait enters the device as any call.
+    # using: the wait enters the device as any call.
     with entry:
       tf_internal.wait_for_pending_ops()
   except tf.errors.OpError as e:
