@@ -30,11 +30,7 @@ def check_model(model):
     ImportError: If the installed Keras keeps a private attribute the
       adapters use elsewhere than the tested versions do.
   """
-  if not isinstance(model, keras.Model):
-    raise TypeError(
-        f"KerasTrainer: `model` must be a Keras 3 `keras.Model`, got "
-        f"{type(model).__module__}.{type(model).__name__}. (A tf_keras / "
-        f"Keras 2 model has no stateless path; rebuild it with Keras 3.)")
+  check_keras_model(model)
   if not model.compiled or model.optimizer is None:
     raise ValueError(
         f"KerasTrainer: the model {model.name!r} is not compiled with an "
@@ -48,6 +44,15 @@ def check_model(model):
         f"Keras' own stateless step (stateless_call, compute_loss, "
         f"optimizer.stateless_apply). Move the custom logic into call() or "
         f"compute_loss(), or train with model.fit on one device.")
+
+
+def check_keras_model(model, caller="KerasTrainer"):
+  """Raises unless `model` is a Keras 3 model."""
+  if not isinstance(model, keras.Model):
+    raise TypeError(
+        f"{caller}: `model` must be a Keras 3 `keras.Model`, got "
+        f"{type(model).__module__}.{type(model).__name__}. (A tf_keras / "
+        f"Keras 2 model has no stateless path; rebuild it with Keras 3.)")
 
 
 def check_step_override(model, step, method):

@@ -168,6 +168,12 @@ def build(model, data_spec):
   model._symbolic_build(data_batch=data_spec)  # pylint: disable=protected-access
 
 
+def compilation(model):
+  """What `model.compile` last set: a new compile gives other objects."""
+  return (model.optimizer, model._compile_loss, model._compile_metrics,  # pylint: disable=protected-access
+          model.steps_per_execution)
+
+
 def overrides_step(model, step):
   """True if the model's class replaces Keras' TensorFlow `step` method.
 

@@ -130,6 +130,17 @@ class KerasTrainer:
         adapters use elsewhere than the tested versions do.
     """
     _keras_inputs.check_model(model)
+    self._prepare(model, num_devices, axis_name)
+
+  @classmethod
+  def _for_prediction(cls, model, num_devices, axis_name):
+    """A trainer whose model, compiled or not, is only to predict."""
+    _keras_inputs.check_keras_model(model)
+    trainer = cls.__new__(cls)
+    trainer._prepare(model, num_devices, axis_name)  # pylint: disable=protected-access
+    return trainer
+
+  def _prepare(self, model, num_devices, axis_name):
     self.model = model
     self.devices = _placement.data_devices(num_devices)
     self.axis_name = axis_name

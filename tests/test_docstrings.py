@@ -43,6 +43,7 @@ def test_public_functions_have_examples():
 
 
 ADAPTERS_PUBLIC = [
+    "tfspmd.adapters.data_parallel",
     "tfspmd.adapters.checkpoint.restore",
     "tfspmd.adapters.checkpoint.save",
     "tfspmd.adapters.keras_training.KerasTrainer",

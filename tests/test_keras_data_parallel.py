@@ -1,0 +1,367 @@
+"""tfspmd.adapters.data_parallel: the user's own model.fit, over the devices.
+
+Each run is compared with `model.fit` / `evaluate` / `predict` of an
+identically initialised model on one device, with the same data in the same
+order, and where it says so with `tf.distribute.MirroredStrategy` over the
+same 8 logical devices.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras
+import tfspmd
+from tfspmd.adapters import data_parallel
+
+FEATURES, CLASSES, EXAMPLES, BATCH = 5, 3, 96, 32
+
+_traced_batch_sizes = []
+
+
+@keras.saving.register_keras_serializable(package="tfspmd_tests")
+class RecordBatchSize(keras.layers.Layer):
+  """Passes its input through, recording the batch size it is traced with."""
+
+  def call(self, x):
+    _traced_batch_sizes.append(x.shape[0])
+    return x
+
+
+def data(seed=0, rows=EXAMPLES):
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((rows, FEATURES)).astype(np.float32)
+  y = rng.integers(0, CLASSES, rows).astype(np.int32)
+  return x, y
+
+
+def mlp(optimizer="adam", seed=1, compile_now=True, units=8):
+  keras.utils.set_random_seed(seed)
+  model = keras.Sequential([
+      keras.Input((FEATURES,)),
+      RecordBatchSize(),
+      keras.layers.Dense(units, activation="relu"),
+      keras.layers.Dense(CLASSES),
+  ])
+  if compile_now:
+    compile_mlp(model, optimizer)
+  return model
+
+
+def compile_mlp(model, optimizer="adam"):
+  model.compile(
+      optimizer=keras.optimizers.Adam(0.01) if optimizer == "adam" else
+      optimizer,
+      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      metrics=["accuracy"])
+
+
+def assert_same_weights(model, reference, rtol=1e-5, atol=1e-6):
+  for got, want in zip(model.get_weights(), reference.get_weights()):
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def assert_same_history(history, expected, rtol=1e-5):
+  assert sorted(history) == sorted(expected)
+  for name in expected:
+    np.testing.assert_allclose(history[name], expected[name], rtol=rtol,
+                               err_msg=name)
+
+
+def test_the_users_own_fit_runs_with_per_device_batches():
+  x, y = data()
+  model = data_parallel(mlp())
+  _traced_batch_sizes.clear()
+  model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+  traced = {size for size in _traced_batch_sizes if size is not None}
+  assert traced == {BATCH // len(tfspmd.devices())}
+
+
+def test_fit_evaluate_predict_equal_one_device_keras():
+  x, y = data()
+  xv, yv = data(seed=5, rows=40)
+  reference = mlp()
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=3, shuffle=False,
+                           validation_data=(xv, yv), verbose=0).history
+  model = data_parallel(mlp())
+  history = model.fit(x, y, batch_size=BATCH, epochs=3, shuffle=False,
+                      validation_data=(xv, yv), verbose=0)
+  assert model.history is history
+  assert_same_history(history.history, expected)
+  assert_same_weights(model, reference)
+  np.testing.assert_allclose(model.evaluate(xv, yv, verbose=0),
+                             reference.evaluate(xv, yv, verbose=0), rtol=1e-5)
+  assert model.evaluate(xv, yv, return_dict=True, verbose=0).keys() == {
+      "loss", "accuracy"}
+  # 40 rows in batches of 32: the last batch (8 rows) is model.fit's too.
+  np.testing.assert_allclose(model.predict(xv, verbose=0),
+                             reference.predict(xv, verbose=0), rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_arrays_without_batch_size_take_batches_of_32_as_keras():
+  # 100 rows: batches of 32, 32, 32 and 4 (the last padded for the devices).
+  x, y = data(rows=100)
+  reference = mlp()
+  reference.fit(x, y, epochs=2, shuffle=False, verbose=0)
+  model = data_parallel(mlp())
+  model.fit(x, y, epochs=2, shuffle=False, verbose=0)
+  assert_same_weights(model, reference)
+
+
+def test_positional_arguments_and_initial_epoch_as_keras():
+  x, y = data()
+  reference = mlp()
+  expected = reference.fit(x, y, BATCH, 3, 0, None, 0.0, None, False,
+                           initial_epoch=1).history
+  model = data_parallel(mlp())
+  history = model.fit(x, y, BATCH, 3, 0, None, 0.0, None, False,
+                      initial_epoch=1)
+  assert len(history.history["loss"]) == 2
+  assert_same_history(history.history, expected)
+  assert_same_weights(model, reference)
+
+
+def test_compiled_after_the_line_and_compiled_again():
+  x, y = data()
+  reference = mlp()
+  reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+  compile_mlp(reference, keras.optimizers.SGD(0.1))
+  reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+  model = data_parallel(mlp(compile_now=False))
+  with pytest.raises(ValueError, match="not compiled with an optimizer"):
+    model.fit(x, y, batch_size=BATCH, verbose=0)
+  compile_mlp(model)
+  model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+  compile_mlp(model, keras.optimizers.SGD(0.1))
+  model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+  assert_same_weights(model, reference)
+
+
+def test_a_model_that_is_not_compiled_predicts():
+  x, _ = data(rows=20)
+  reference = mlp(compile_now=False)
+  model = data_parallel(mlp(compile_now=False))
+  np.testing.assert_allclose(model.predict(x, batch_size=8, verbose=0),
+                             reference.predict(x, batch_size=8, verbose=0),
+                             rtol=1e-6)
+
+
+class Batches(keras.utils.PyDataset):
+  """A PyDataset of global batches, counting its epochs."""
+
+  def __init__(self, x, y, batch):
+    super().__init__()
+    self.x, self.y, self.batch, self.epochs_ended = x, y, batch, 0
+
+  def __len__(self):
+    return len(self.x) // self.batch
+
+  def __getitem__(self, index):
+    rows = slice(index * self.batch, (index + 1) * self.batch)
+    return self.x[rows], self.y[rows]
+
+  def on_epoch_end(self):
+    self.epochs_ended += 1
+
+
+def test_a_py_dataset_and_a_generator_train_as_keras():
+  x, y = data()
+  reference = mlp()
+  reference.fit(Batches(x, y, BATCH), epochs=2, shuffle=False, verbose=0)
+  batches = Batches(x, y, BATCH)
+  model = data_parallel(mlp())
+  model.fit(batches, epochs=2, shuffle=False, verbose=0)
+  assert_same_weights(model, reference)
+  assert batches.epochs_ended == 2
+
+  def generator():
+    for k in range(0, EXAMPLES, BATCH):
+      yield x[k:k + BATCH], y[k:k + BATCH]
+
+  reference = mlp()
+  reference.fit(generator(), epochs=1, verbose=0)
+  model = data_parallel(mlp())
+  model.fit(generator(), epochs=1, verbose=0)
+  assert_same_weights(model, reference)
+  np.testing.assert_allclose(
+      model.predict((x[k:k + 16] for k in range(0, 48, 16)), verbose=0),
+      reference.predict(x[:48], verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_steps_and_validation_steps_take_that_many_batches():
+  x, y = data()
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+  reference = mlp()
+  expected = reference.fit(dataset, epochs=2, validation_data=dataset,
+                           validation_steps=1, verbose=0).history
+  model = data_parallel(mlp())
+  history = model.fit(dataset, epochs=2, validation_data=dataset,
+                      validation_steps=1, verbose=0).history
+  assert_same_history(history, expected)
+  np.testing.assert_allclose(model.evaluate(dataset, steps=2, verbose=0),
+                             reference.evaluate(dataset, steps=2, verbose=0),
+                             rtol=1e-5)
+  assert model.predict(dataset, steps=2, verbose=0).shape == (2 * BATCH,
+                                                               CLASSES)
+  # With arrays, steps and validation_steps count batches of batch_size.
+  xv, yv = data(seed=5, rows=40)
+  reference, model = mlp(), data_parallel(mlp())
+  expected = reference.fit(x, y, batch_size=16, epochs=1, shuffle=False,
+                           validation_data=(xv, yv), validation_steps=2,
+                           verbose=0).history
+  history = model.fit(x, y, batch_size=16, epochs=1, shuffle=False,
+                      validation_data=(xv, yv), validation_steps=2,
+                      verbose=0).history
+  assert_same_history(history, expected)
+  np.testing.assert_allclose(
+      model.evaluate(xv, yv, batch_size=8, steps=3, verbose=0),
+      reference.evaluate(xv, yv, batch_size=8, steps=3, verbose=0), rtol=1e-5)
+
+
+def test_callbacks_see_fits_logs():
+  x, y = data()
+
+  class Logs(keras.callbacks.Callback):
+
+    def __init__(self):
+      super().__init__()
+      self.epochs = []
+
+    def on_epoch_end(self, epoch, logs=None):
+      self.epochs.append((epoch, round(logs["loss"], 5)))
+
+  reference, model = mlp(), data_parallel(mlp())
+  expected, got = Logs(), Logs()
+  reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+                callbacks=[expected])
+  model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+            callbacks=[got])
+  assert got.epochs == expected.epochs and len(got.epochs) == 2
+
+
+def embedding_model(seed=3):
+  keras.utils.set_random_seed(seed)
+  model = keras.Sequential([
+      keras.Input((4,), dtype="int32"),
+      keras.layers.Embedding(10, 6),
+      keras.layers.GlobalAveragePooling1D(),
+      keras.layers.Dense(2),
+  ])
+  model.compile(optimizer=keras.optimizers.Adam(0.05),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True))
+  return model
+
+
+def test_embedding_with_adam_and_repeated_ids_equals_fit_and_mirrored():
+  # Ids repeat within a batch and across devices: the embedding's gradient
+  # is sparse (IndexedSlices), which Adam applies as fit gives it.
+  rng = np.random.default_rng(4)
+  x = rng.integers(0, 4, (64, 4)).astype(np.int32)
+  y = rng.integers(0, 2, 64).astype(np.int32)
+  reference = embedding_model()
+  reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+  strategy = tf.distribute.MirroredStrategy(
+      [f"/cpu:{k}" for k in range(len(tfspmd.devices()))])
+  with strategy.scope():
+    mirrored = embedding_model()
+  mirrored.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+  model = data_parallel(embedding_model())
+  model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+  assert_same_weights(mirrored, reference)
+  assert_same_weights(model, reference)
+
+
+def test_a_library_that_calls_fit_itself_trains_over_the_devices(tmp_path):
+  keras_tuner = pytest.importorskip("keras_tuner")
+  x, y = data()
+  xv, yv = data(seed=5, rows=32)
+
+  def build(hp):
+    return data_parallel(mlp(units=hp.Choice("units", [4, 8])))
+
+  tuner = keras_tuner.GridSearch(build, objective="val_loss",
+                                 directory=str(tmp_path), project_name="t")
+  _traced_batch_sizes.clear()
+  tuner.search(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+               validation_data=(xv, yv), verbose=0)
+  assert {s for s in _traced_batch_sizes if s is not None} == {
+      BATCH // len(tfspmd.devices()), len(yv) // len(tfspmd.devices())}
+  trials = tuner.oracle.get_best_trials(2)
+  assert sorted(t.hyperparameters.values["units"] for t in trials) == [4, 8]
+  for trial in trials:
+    reference = mlp(units=trial.hyperparameters.values["units"])
+    history = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                            validation_data=(xv, yv), verbose=0)
+    np.testing.assert_allclose(trial.score, min(history.history["val_loss"]),
+                               rtol=1e-5)
+
+
+def test_bad_uses_are_clear_errors():
+  with pytest.raises(TypeError, match="data_parallel: `model` must be a "
+                     "Keras 3"):
+    data_parallel(object())
+
+  class OwnStep(keras.Sequential):
+
+    def train_step(self, data):
+      return super().train_step(data)
+
+  with pytest.raises(ValueError, match="overrides train_step"):
+    data_parallel(OwnStep([keras.layers.Dense(1)]))
+  model = data_parallel(mlp())
+  assert data_parallel(model) is model
+  with pytest.raises(ValueError, match="already runs data-parallel"):
+    data_parallel(model, axis_name="batch")
+  x, y = data()
+  with pytest.raises(ValueError, match="`validation_steps` counts batches "
+                     "of `validation_data`"):
+    model.fit(x, y, validation_split=0.5, validation_steps=1, verbose=0)
+  with pytest.raises(ValueError, match="`callbacks` are not run"):
+    model.predict(x, callbacks=[keras.callbacks.History()])
+  with pytest.raises(ValueError, match="`validation_steps` must be an int"):
+    model.fit(x, y, validation_data=(x, y), validation_steps=0, verbose=0)
+
+
+def test_the_model_saves_and_loads_as_its_own_class(tmp_path):
+  x, y = data()
+  model = data_parallel(mlp())
+  model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  path = str(tmp_path / "model.keras")
+  model.save(path)
+  loaded = keras.models.load_model(path)
+  assert type(loaded) is keras.Sequential
+  np.testing.assert_allclose(loaded.predict(x, verbose=0),
+                             model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def synchronized_batch_norm_model():
+  keras.utils.set_random_seed(5)
+  model = keras.Sequential([
+      keras.Input((FEATURES,)),
+      keras.layers.BatchNormalization(momentum=0.9, synchronized=True),
+      keras.layers.Dense(CLASSES),
+  ])
+  model.compile(optimizer="sgd",
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True))
+  return model
+
+
+def test_synchronized_batch_norm_equals_fit_and_mirrored():
+  # Every device normalizes by the moments of the global batch; with a last
+  # batch of 16 rows (2 per device) as well.
+  x, y = data(seed=6, rows=80)
+  x = x * 2 + 5
+  reference = synchronized_batch_norm_model()
+  reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+  strategy = tf.distribute.MirroredStrategy(
+      [f"/cpu:{k}" for k in range(len(tfspmd.devices()))])
+  with strategy.scope():
+    mirrored = synchronized_batch_norm_model()
+  mirrored.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+  model = data_parallel(synchronized_batch_norm_model())
+  model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+  assert_same_weights(mirrored, reference)
+  assert_same_weights(model, reference)
