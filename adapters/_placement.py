@@ -95,11 +95,14 @@ def distinct_blocks(array):
   dimension) is taken from the first of them, on that device: nothing is
   gathered.
   """
+  # The shards come in device order, the blocks in the mesh's: a spec that
+  # splits an axis over several mesh axes in another order than the mesh's
+  # (P(('b', 'a')) on an ('a', 'b') mesh) orders the devices otherwise.
+  data_on = {shard.device: shard.data for shard in array.addressable_shards}
   holder = {}
-  for shard, (_, index) in zip(array.addressable_shards,
-                               array.placement.local_view):
+  for device, index in array.placement.local_view:
     block = tuple(0 if number is None else number for number in index)
-    holder.setdefault(block, shard.data)
+    holder.setdefault(block, data_on[device])
   return [holder[block] for block in np.ndindex(*block_counts(array))]
 
 

@@ -183,6 +183,34 @@ def test_a_2d_split_restores_onto_a_1d_split_and_replicated(tmp_path):
   assert_blocks(replicated, [x * 3] * 2, DEVICES[:2])
 
 
+_ALL = tuple(tfspmd.devices())
+_SHUFFLED = tuple(_ALL[k] for k in (3, 6, 0, 5, 2, 7, 4, 1))
+
+
+@pytest.mark.parametrize("devices, shape, names, spec", [
+    (_ALL, (2, 4), ("a", "b"), tfspmd.P(("b", "a"))),
+    (_ALL, (2, 2, 2), ("a", "b", "c"), tfspmd.P(("c", "a"), "b")),
+    (_SHUFFLED, (8,), ("x",), tfspmd.P("x")),
+    (_SHUFFLED, (2, 4), ("a", "b"), tfspmd.P("b", "a")),
+])
+def test_splits_in_any_device_order_restore_their_values(
+    tmp_path, devices, shape, names, spec):
+  # Axes split over mesh axes in another order than the mesh's, or a mesh
+  # of shuffled devices: the devices' order differs from the blocks'.
+  mesh = tfspmd.sharding.Mesh(np.array(devices).reshape(shape), names)
+  x = np.arange(16 * 4, dtype=np.float32).reshape(16, 4)
+  saved = tfspmd.device_put(x, tfspmd.sharding.NamedSharding(mesh, spec))
+  np.testing.assert_array_equal(np.asarray(saved), x)
+  path = checkpoint.save(str(tmp_path / "ckpt"), {"w": saved})
+  zeros = np.zeros_like(x)
+  for like in (saved, tfspmd.device_put(zeros, tfspmd.sharding.NamedSharding(
+      tfspmd.make_mesh((8,), ("x",)), tfspmd.P("x")))):
+    restored = checkpoint.restore(path, like={"w": like})["w"]
+    np.testing.assert_array_equal(np.asarray(restored), x)
+    for shard in restored.addressable_shards:
+      np.testing.assert_array_equal(shard.data.numpy(), x[shard.index])
+
+
 def test_host_and_device_leaves_restore_into_each_other(tmp_path):
   path = checkpoint.save(str(tmp_path / "ckpt"),
                          {"host": X, "device": elastic_state(8)["rows"]})
