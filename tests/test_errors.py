@@ -934,9 +934,9 @@ def _():
 
 
 @case("dynamic-shape-in-tf-function", OPS,
-      "a pmap inside a tf.function whose input shapes are not static",
-      ValueError, r"pmap inside a tf.function needs static shapes, but "
-      r"args\[0\] has shape \(None,\)")
+      "a pmap inside a tf.function whose mapped axis has an open size",
+      ValueError, r"pmap inside a tf.function maps axis 0 of args\[0\], of "
+      r"shape \(None,\), whose size is open \(None\)")
 def _():
   f = P(lambda v: v)
   # No AutoGraph: it would prefix the message with a traceback of this file.

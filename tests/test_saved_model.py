@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tfspmd
@@ -107,3 +108,180 @@ def test_a_saved_module_loads_back_in_this_process(tmp_path):
   np.testing.assert_allclose(served["standardized"].numpy(),
                              _expected_standardized(_ROWS), rtol=1e-5,
                              atol=1e-6)
+
+
+# --- a serving signature with an open batch size -----------------------------
+
+
+def _exchange(x):
+  """Collectives over a per-device block of shape (open batch, 4)."""
+  shifted = lax.ppermute(x, "d", [(i, (i + 1) % 8) for i in range(8)])
+  return {
+      "gathered": lax.all_gather(x, "d"),
+      "summed": lax.psum(x, "d"),
+      "column_max": lax.pmax(tf.reduce_max(x, axis=0), "d"),
+      "shifted": shifted + tf.cast(lax.axis_index("d"), tf.float32),
+      "exchanged": lax.all_to_all(tf.concat([x, 2 * x], axis=1), "d", 1, 1,
+                                  tiled=True),
+  }
+
+
+def _expected_exchange(x):
+  x = x.astype(np.float64)
+  doubled = np.concatenate([x, 2 * x], axis=2)  # (8, b, 8): one column each
+  return {
+      "gathered": np.broadcast_to(x, (8,) + x.shape),
+      "summed": np.broadcast_to(x.sum(0), x.shape),
+      "column_max": np.broadcast_to(x.max(axis=(0, 1)), (8, x.shape[2])),
+      "shifted": np.roll(x, 1, axis=0) + np.arange(8)[:, None, None],
+      "exchanged": doubled.transpose(2, 1, 0),
+  }
+
+
+class _OpenBatch(tf.Module):
+
+  def __init__(self):
+    super().__init__()
+    self._exchange = tfspmd.pmap(_exchange, "d")
+
+  @tf.function(input_signature=[tf.TensorSpec([8, None, 4], tf.float32)])
+  def serve(self, x):
+    return self._exchange(x)
+
+
+def _rows(batch):
+  return np.random.default_rng(batch).standard_normal(
+      (8, batch, 4)).astype(np.float32)
+
+
+def test_a_serving_signature_may_leave_the_per_device_batch_open():
+  module = _OpenBatch()
+  for batch in (1, 3):
+    served = module.serve(tf.constant(_rows(batch)))
+    expected = _expected_exchange(_rows(batch))
+    assert served.keys() == expected.keys()
+    for name, value in expected.items():
+      np.testing.assert_allclose(served[name].numpy(), value, rtol=1e-6,
+                                 err_msg=name)
+  assert module.serve.experimental_get_tracing_count() == 1
+
+
+_SERVE_OPEN_BATCH = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+loaded = tf.saved_model.load(sys.argv[1])
+serve = loaded.signatures["serving_default"]
+out = {}
+for batch in (1, 3):
+  x = np.random.default_rng(batch).standard_normal((8, batch, 4))
+  served = serve(x=tf.constant(x.astype(np.float32)))
+  out[batch] = {name: value.numpy().tolist() for name, value in served.items()}
+print(json.dumps({
+    "tfspmd_imported": any(name.startswith("tfspmd") for name in sys.modules),
+    "served": out,
+}))
+"""
+
+
+def test_an_open_batch_signature_serves_two_sizes_without_tfspmd(tmp_path):
+  module = _OpenBatch()
+  path = str(tmp_path / "open_batch")
+  tf.saved_model.save(module, path,
+                      signatures={"serving_default": module.serve})
+  env = {k: v for k, v in os.environ.items() if not k.startswith("TFSPMD")}
+  env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  run = subprocess.run(
+      [sys.executable, "-c", _SERVE_OPEN_BATCH, path], env=env,
+      cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
+      check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  result = json.loads(run.stdout.splitlines()[-1])
+  assert not result["tfspmd_imported"]
+  for batch in (1, 3):
+    served = result["served"][str(batch)]
+    for name, value in _expected_exchange(_rows(batch)).items():
+      np.testing.assert_allclose(served[name], value, rtol=1e-6,
+                                 err_msg=f"{name}, batch {batch}")
+
+
+def test_sizes_a_program_cannot_leave_open_are_clear_errors():
+  mapped_open = tf.function(
+      tfspmd.pmap(lambda x: lax.psum(x, "d"), "d"),
+      input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+  with pytest.raises(ValueError, match=r"maps axis 0 of args\[0\].*whose "
+                     r"size is open \(None\): it is the number of devices"):
+    mapped_open.get_concrete_function()
+  scattered_open = tf.function(
+      tfspmd.pmap(lambda x: lax.psum_scatter(x, "d", tiled=True), "d"),
+      input_signature=[tf.TensorSpec([8, None], tf.float32)])
+  with pytest.raises(ValueError, match=r"psum_scatter: the dimension "
+                     r"`scatter_dimension` is split over the devices, so its "
+                     r"size must be known"):
+    scattered_open.get_concrete_function()
+
+
+# --- a model trained over the devices, served batch first --------------------
+
+
+class _BatchFirstServer(tf.Module):
+  """Serves a Keras model over the devices through a batch-first signature.
+
+  TF Serving's batching joins requests along the first axis, so the
+  signature takes rows first; they are padded to a multiple of the devices
+  and split into one block per device inside.
+  """
+
+  def __init__(self, model, devices=8):
+    super().__init__()
+    self.model, self.devices = model, devices
+    self._predict = tfspmd.pmap(lambda rows: self.model(rows), "batch")
+
+  @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+  def serve(self, x):
+    rows = tf.shape(x)[0]
+    padded = tf.pad(x, [[0, (-rows) % self.devices], [0, 0]])
+    blocks = tf.reshape(padded, [self.devices, -1, 4])
+    return {"y": tf.reshape(self._predict(blocks), [-1, 3])[:rows]}
+
+
+_SERVE_BATCH_FIRST = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+x = np.array(json.loads(sys.argv[2]), np.float32)
+print(json.dumps({
+    "tfspmd_imported": any(name.startswith("tfspmd") for name in sys.modules),
+    "y": {n: serve(x=tf.constant(x[:n]))["y"].numpy().tolist() for n in (5, 13)},
+}))
+"""
+
+
+def test_a_data_parallel_model_serves_batch_first_without_tfspmd(tmp_path):
+  import keras  # pylint: disable=g-import-not-at-top
+  from tfspmd.adapters import data_parallel  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(0)
+  model = data_parallel(keras.Sequential([keras.Input((4,)),
+                                          keras.layers.Dense(3)]))
+  model.compile(optimizer="sgd", loss="mse")
+  x = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
+  model.fit(x, x[:, :3], batch_size=16, epochs=1, verbose=0)
+  kernel, bias = model.get_weights()
+  server = _BatchFirstServer(model)
+  path = str(tmp_path / "batch_first")
+  tf.saved_model.save(server, path,
+                      signatures={"serving_default": server.serve})
+  env = {k: v for k, v in os.environ.items() if not k.startswith("TFSPMD")}
+  env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  run = subprocess.run(
+      [sys.executable, "-c", _SERVE_BATCH_FIRST, path,
+       json.dumps(x[:13].tolist())], env=env, cwd=str(tmp_path),
+      capture_output=True, text=True, timeout=300, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  result = json.loads(run.stdout.splitlines()[-1])
+  assert not result["tfspmd_imported"]
+  for rows in (5, 13):
+    np.testing.assert_allclose(
+        result["y"][str(rows)],
+        x[:rows].astype(np.float64) @ kernel + bias, rtol=1e-5, atol=1e-6)

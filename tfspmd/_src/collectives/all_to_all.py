@@ -34,7 +34,7 @@ def _all_to_all_step(split_axis, concat_axis, tiled):
     split = 1 + batch_dims + split_axis
     concat = 1 + batch_dims + concat_axis
     if tiled:
-      shape = tensor.shape.as_list()
+      shape = stacking.sizes(tensor)
       tensor = tf.reshape(tensor, shape[:split] + [size, shape[split] // size] +
                           shape[split + 1:])
     moved = stacking.move_axis(_exchange(tensor, split, frame, batch_dims), 1,
@@ -42,7 +42,7 @@ def _all_to_all_step(split_axis, concat_axis, tiled):
     if not tiled:
       return moved, True
     # Concatenate the senders j into the concat axis that follows them.
-    shape = moved.shape.as_list()
+    shape = stacking.sizes(moved)
     return tf.reshape(moved, shape[:concat] + [shape[concat] * shape[concat + 1]]
                       + shape[concat + 2:]), True
   return step
@@ -103,7 +103,8 @@ def _all_to_all_leaf(value, targets, groups, split_axis, concat_axis, tiled,
   shape = value.shape.as_list()
   if tiled:
     shape[split_axis] //= size
-    shape[concat_axis] *= size
+    if shape[concat_axis] is not None:
+      shape[concat_axis] *= size
   else:
     del shape[split_axis]
     shape.insert(concat_axis, size)

@@ -117,6 +117,12 @@ def check_divisible(extent, size, *, argument, function, tiled, groups=False):
   """
   what = ("the size of each axis_index_groups group" if groups else
           "the axis size")
+  if extent is None:
+    raise ValueError(
+        f"{function}: the dimension `{argument}` is split over the devices, "
+        f"so its size must be known when the function traces, but it is "
+        f"open (None, as an input_signature may leave it). Give that "
+        f"dimension a fixed size; the others may stay open.")
   if tiled:
     if extent % size:
       raise ValueError(

@@ -40,7 +40,7 @@ def _gather_step(axis, tiled):
 
 
 def _merge_with_next(tensor, axis):
-  shape = tensor.shape.as_list()
+  shape = stacking.sizes(tensor)
   merged = shape[:axis] + [shape[axis] * shape[axis + 1]] + shape[axis + 2:]
   return tf.reshape(tensor, merged)
 
@@ -79,7 +79,7 @@ def _scatter_blocks(total, position, mesh_dim):
 
 def _split_axis(tensor, axis, count):
   """`axis` of size k*count becomes [count, k] (count major)."""
-  shape = tensor.shape.as_list()
+  shape = stacking.sizes(tensor)
   return tf.reshape(tensor, shape[:axis] + [count, shape[axis] // count] +
                     shape[axis + 1:])
 
@@ -112,7 +112,7 @@ def _all_gather_leaf(value, targets, groups, axis, tiled):
   size = groups_lib.size(targets, groups)
   shape = value.shape.as_list()
   if tiled:
-    shape[axis] *= size
+    shape[axis] = None if shape[axis] is None else shape[axis] * size
   else:
     shape.insert(axis, size)
   gathered = marker.with_transpose(

@@ -57,7 +57,7 @@ class Groups:
         result, out_stacked = step(tensor, False, inner, batch_dims)
         return (tf.gather(result, rank) if out_stacked else result,
                 out_stacked)
-      shape = tensor.shape.as_list()
+      shape = stacking.sizes(tensor)
       arranged = tf.reshape(tf.gather(tensor, order),
                             [count, size] + shape[1:])
       result, out_stacked = step(stacking.move_axis(arranged, 1, 0), True,
@@ -67,7 +67,7 @@ class Groups:
         return tf.gather(result, group_of), True
       by_group = stacking.move_axis(result, 0, 1)
       merged = tf.reshape(by_group,
-                          [count * size] + by_group.shape.as_list()[2:])
+                          [count * size] + stacking.sizes(by_group)[2:])
       return tf.gather(merged, inverse), True
 
     return grouped_step

@@ -174,6 +174,19 @@ def with_transpose(value, targets, step, function, transpose,
   return collective(value)
 
 
+def _shaped_like(shape, value):
+  """A tensor whose static shape is `shape` (None: a size open until it runs).
+
+  It only gives the marker's result its shape: the collective's conversion
+  replaces the result.
+  """
+  zeros = tf.zeros([0 if size is None else size for size in shape],
+                   value.dtype)
+  if None not in shape:
+    return zeros
+  return tf.raw_ops.PlaceholderWithDefault(input=zeros, shape=shape)
+
+
 def _emit(value, chain, collective, result_shape, levels):
   """Emits the marker of the innermost frame of `chain`.
 
@@ -181,7 +194,7 @@ def _emit(value, chain, collective, result_shape, levels):
   inner axes already passed (outermost first).
   """
   frame = chain[-1]
-  head = [] if result_shape is None else [tf.zeros(result_shape, value.dtype)]
+  head = [] if result_shape is None else [_shaped_like(result_shape, value)]
   indices = [tf_internal.reachable(f.index) for f in chain]
   outputs = tf.raw_ops.IdentityN(input=head + [value] + indices)
   value_input = len(head)
@@ -280,13 +293,13 @@ def _joint_step(tensor, leading, collective):
   grouped = tf.transpose(tensor, order)
   sizes = [t.size for t in collective.targets]
   total = math.prod(sizes)
-  merged = tf.reshape(grouped, [total] + grouped.shape.as_list()[len(sizes):])
+  merged = tf.reshape(grouped, [total] + stacking.sizes(grouped)[len(sizes):])
   names = tuple(t.name for t in collective.targets)
   result, stacked = collective.step(
       merged, True, axis_env.Frame(names, total, None), len(other_dims))
   if not stacked:
     return result
-  split = tf.reshape(result, sizes + result.shape.as_list()[1:])
+  split = tf.reshape(result, sizes + stacking.sizes(result)[1:])
   inverse = [order.index(k) for k in range(len(leading))]
   return tf.transpose(split, inverse + list(range(len(leading),
                                                   split.shape.rank)))

@@ -82,7 +82,7 @@ def _gather_sources(tensor, source_of):
 
 def _permute_in_chunks(tensor, source_of, resplitter):
   """`_gather_sources` between two all-to-alls over chunks of each row."""
-  shape = tensor.shape.as_list()
+  shape = stacking.sizes(tensor)
   count = resplitter.size
   rows = tf.reshape(tensor, [shape[0], -1])
   length = rows.shape[1]

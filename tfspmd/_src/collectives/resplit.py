@@ -26,6 +26,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.core import dtensor_settings
+from tfspmd._src.core import stacking
 from tfspmd._src.runtime import axis_env
 
 _ALL_TO_ALL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64,
@@ -41,7 +42,7 @@ class Resplitter:
 
   def split_along(self, tensor, axis):
     """`tensor` relaid out split along `axis` over the mesh, whole elsewhere."""
-    shape = tensor.shape.as_list()
+    shape = stacking.sizes(tensor)
     if axis == 0 or len(shape) <= 3:
       return self._relayout(tensor, axis)
     merged = [math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])]

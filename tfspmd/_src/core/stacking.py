@@ -5,6 +5,19 @@ import tensorflow as tf
 from tfspmd._src.core import merged_dims
 
 
+def sizes(value):
+  """The sizes of `value`'s dimensions: ints where known, else scalar tensors.
+
+  A program traced for a serving signature may leave a per-device size open
+  (None); reshapes built from these take it when the program runs.
+  """
+  known = value.shape.as_list()
+  if None not in known:
+    return known
+  dynamic = tf.shape(value)
+  return [dynamic[k] if size is None else size for k, size in enumerate(known)]
+
+
 def repeat_along_new_axis(value, axis, size):
   """`value` repeated `size` times along a new axis at `axis`.
 

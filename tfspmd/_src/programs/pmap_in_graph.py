@@ -29,17 +29,13 @@ def call(pmapped, args, kwargs):
   options, programs = pmapped.options, pmapped.programs
   bound = options.args.bind(args, kwargs)
   values = []
-  for leaf, path in zip(bound.leaves, bound.paths):
+  several = devices.process_count() > 1
+  for leaf, path, axis in zip(bound.leaves, bound.paths, bound.in_axes):
     if isinstance(leaf, ShardedArray):
       leaf = leaf.dtensor_value
     value = arguments.traced_tensor(leaf, path)
-    if not value.shape.is_fully_defined():
-      raise ValueError(
-          f"pmap inside a tf.function needs static shapes, but {path} has "
-          f"shape {value.shape}; give the tf.function an input_signature "
-          f"with full shapes, or call it with tensors of fixed shape.")
+    _check_sizes(value.shape, path, axis, several)
     values.append(value)
-  several = devices.process_count() > 1
   signature = tuple((tuple(v.shape), v.dtype) for v in values)
   key = (bound.treedef, bound.static_key, signature)
   program = pmap_trace.cached_program(
@@ -51,3 +47,31 @@ def call(pmapped, args, kwargs):
       program.effects, pmap_trace.effect_values(program, outputs[count:]))
   return program.output_treedef.unflatten(list(outputs[:count]))
 
+
+def _check_sizes(shape, path, axis, several):
+  """Raises for sizes a program in the user's graph cannot leave open.
+
+  In one process a per-device size may be open (None), as a serving
+  `input_signature` leaves a batch size: the program's ops take it when the
+  graph runs. The mapped axis is the devices' count, which must be known,
+  and with several processes every size: the program lays its values out
+  over the processes' devices.
+  """
+  if shape.rank is None:
+    raise ValueError(
+        f"pmap inside a tf.function needs the rank of its arguments, but "
+        f"{path} has an unknown shape; give the tf.function an "
+        f"input_signature with a shape such as [8, None, 3].")
+  if several and not shape.is_fully_defined():
+    raise ValueError(
+        f"pmap inside a tf.function needs static shapes with several "
+        f"processes, but {path} has shape {shape}; give the tf.function an "
+        f"input_signature with full shapes, or call it with tensors of "
+        f"fixed shape.")
+  if axis is not None and shape[axis if axis >= 0 else axis + shape.rank] is None:
+    raise ValueError(
+        f"pmap inside a tf.function maps axis {axis} of {path}, of shape "
+        f"{shape}, whose size is open (None): it is the number of devices, "
+        f"which the program needs when it traces. Give it in the "
+        f"input_signature (e.g. [8, None, 3]); the other sizes may stay "
+        f"open.")

@@ -279,6 +279,10 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
   """
   paths = call.paths
   top_dim = options.mesh_dim or mesh_lib.mesh_dim_name(0)
+  # A serving function's input_signature may leave the per-device sizes
+  # open: such a program runs only inside the user's graph, on one device,
+  # where nothing lays its values out.
+  open_sizes = any(None in shape for shape in shapes)
   state = axis_env.TraceState(
       mesh_axes=[(options.axis_name, size, top_dim)],
       max_devices=len(devices) if options.devices is None else size,
@@ -319,7 +323,8 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
             on_slice=on_slice)
       if state.crossing:
         pmap_nested.check_parts(state, top_local)
-      _check_static_shapes(result)
+      if not open_sizes:
+        _check_static_shapes(result)
       mesh_key = state.mesh_key()
       placements = []
       output_wide = []
@@ -370,7 +375,8 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
                         devices, dtypes, in_user_graph, lays_out, parts,
                         crossing, top_local, split_by_nested | split_wide)
   new_axis.check_program(concrete.outputs, options.axis_name)
-  _check_no_data_dependent_shapes(concrete.graph, options.axis_name)
+  if not open_sizes:
+    _check_no_data_dependent_shapes(concrete.graph, options.axis_name)
   mesh_key = built["mesh_key"]
   _check_kernel_ranks(concrete.graph, options.axis_name, mesh_key)
   input_placements = []

@@ -134,9 +134,14 @@ class Placement:
                  for dim in self.spec)
 
   def local_shape(self, global_shape):
-    """The shape of this process's part of an array of `global_shape`."""
-    return tuple(extent // count * local for extent, count, local in zip(
-        global_shape, self.counts(), self.local_counts()))
+    """The shape of this process's part of an array of `global_shape`.
+
+    An axis of unknown extent (None) stays unknown.
+    """
+    return tuple(
+        None if extent is None else extent // count * local
+        for extent, count, local in zip(global_shape, self.counts(),
+                                        self.local_counts()))
 
 
 @dataclasses.dataclass(frozen=True)
