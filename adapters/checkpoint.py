@@ -49,10 +49,14 @@ next save removes them. Without `<path>.tfspmd`, `restore(path)` reads plain
 TensorFlow files at `path`: those of a save by an earlier version of this
 module, or a prefix `save` returned. Only the latest save to `path` is kept.
 On a filesystem that is not local (a `scheme://` path) the files are not
-flushed: what is renamed is what was written and closed. In a run of
+flushed: what is renamed is what was written and closed. Saves to one
+path from several threads or processes take turns (a lock on
+`<path>.tfspmd.lock`, released by a process that dies), and a restore
+waits for a save in progress: the last save is what is kept, whole. On a
+`scheme://` path only the threads of one process take turns. In a run of
 several processes each process saves its own part of the state, as its
 arrays show it: give each process its own `path`, since a save to `path`
-removes the files of any other save to it.
+replaces any other save to it.
 
 A damaged checkpoint (a data file cut short or missing, an index that is no
 checkpoint index, data that does not match the index's checksums) is a
@@ -72,6 +76,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfspmd
+from . import _path_lock
 from . import _placement
 
 # Format 1 stored the leaves as a flat list, without their paths or layout.
@@ -127,9 +132,10 @@ def save(path: str, state: Any, **trackables: Any) -> str:
                          trainable=False)
   blocks = {name: _saved_blocks(leaf) for name, leaf in leaves}
   prefix = f"{path}{_POINTER}-{uuid.uuid4().hex}"
-  _checkpoint(layout, blocks, trackables).write(prefix)
-  _switch(path, prefix)
-  _remove_earlier(path, prefix)
+  with _path_lock.holding(path):
+    _checkpoint(layout, blocks, trackables).write(prefix)
+    _switch(path, prefix)
+    _remove_earlier(path, prefix)
   return prefix
 
 
@@ -193,6 +199,14 @@ def restore(path: str, like: Any, **trackables: Any) -> Any:
     >>> float(np.asarray(restored).sum())
     48.0
   """
+  # A prefix a save returned is read under the lock of the path saved to.
+  saved_to = re.fullmatch(f"(.*){re.escape(_POINTER)}-{_TOKEN}", path)
+  with _path_lock.holding(saved_to[1] if saved_to else path, shared=True):
+    return _restore(path, like, trackables)
+
+
+def _restore(path, like, trackables):
+  """`restore`, while no save to `path` runs."""
   prefix = _current_prefix(path)
   reader = _reader(path, prefix)
   try:

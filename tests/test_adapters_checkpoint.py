@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 from unittest import mock
 
 import numpy as np
@@ -544,8 +545,9 @@ def test_a_save_killed_at_any_step_leaves_the_old_or_the_new_state(
     latest = save_numbered(path, 3)
     assert which_state(path, [1, 2, 3]) == 3
     name = os.path.basename(latest)
-    assert checkpoint_files(directory) == [
-        "ckpt.tfspmd", name + ".data-00000-of-00001", name + ".index"]
+    assert checkpoint_files(directory) == sorted([
+        "ckpt.tfspmd", "ckpt.tfspmd.lock", name + ".data-00000-of-00001",
+        name + ".index"])
     if step is None:
       break
     steps.append(step)
@@ -596,8 +598,9 @@ def test_saving_again_to_a_path_replaces_its_checkpoint(tmp_path):
   assert which_state(path, [1, 2]) == 2
   assert which_state(second, [1, 2]) == 2
   name = os.path.basename(second)
-  assert sorted(os.listdir(tmp_path)) == [
-      "ckpt.tfspmd", name + ".data-00000-of-00001", name + ".index"]
+  assert sorted(os.listdir(tmp_path)) == sorted([
+      "ckpt.tfspmd", "ckpt.tfspmd.lock", name + ".data-00000-of-00001",
+        name + ".index"])
   with pytest.raises(FileNotFoundError, match=(
       rf"there is no checkpoint at '{re.escape(first)}': a later "
       rf"checkpoint\.save to '{re.escape(path)}' replaced it\. Restore "
@@ -618,8 +621,9 @@ def test_a_checkpoint_of_the_earlier_format_restores_and_is_replaced(
   latest = save_numbered(path, 2)
   assert which_state(path, [1, 2]) == 2
   name = os.path.basename(latest)
-  assert checkpoint_files(tmp_path) == [
-      "ckpt.tfspmd", name + ".data-00000-of-00001", name + ".index"]
+  assert checkpoint_files(tmp_path) == sorted([
+      "ckpt.tfspmd", "ckpt.tfspmd.lock", name + ".data-00000-of-00001",
+        name + ".index"])
 
 
 def test_what_a_save_killed_inside_tensorflow_left_is_ignored_then_removed(
@@ -647,7 +651,54 @@ def test_what_a_save_killed_inside_tensorflow_left_is_ignored_then_removed(
   name = os.path.basename(latest)
   assert sorted(os.listdir(tmp_path)) == sorted([
       "ckpt-7.index", "ckpt.tfspmd", "ckpt.tfspmd-notes.txt",
-      name + ".data-00000-of-00001", name + ".index"])
+      "ckpt.tfspmd.lock", name + ".data-00000-of-00001", name + ".index"])
+
+
+_SAVE_MANY = """
+import sys
+import numpy as np
+import tensorflow as tf
+from tfspmd.adapters import checkpoint
+path, k = sys.argv[1], int(sys.argv[2])
+rows = np.stack([np.full(8, k), np.arange(8)], 1).astype(np.float32)
+for _ in range(12):
+  checkpoint.save(path, {"w": np.arange(6, dtype=np.float32) * k,
+                         "rows": rows}, epoch=tf.Variable(np.int64(k)))
+"""
+
+
+def test_saves_to_one_path_from_threads_and_processes_take_turns(tmp_path):
+  # Each save removes the files of the saves before it: two at once each
+  # removed the other's, and the checkpoint the pointer named was lost.
+  path = str(tmp_path / "ckpt")
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [SOURCE_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+  children = [subprocess.Popen(
+      [sys.executable, "-c", _SAVE_MANY, path, str(k)], env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for k in (3, 4)]
+  errors = []
+
+  def save_many(k):
+    try:
+      for _ in range(12):
+        save_numbered(path, k)
+        which_state(path, [1, 2, 3, 4])
+    except Exception as error:  # pylint: disable=broad-except
+      errors.append(error)
+
+  threads = [threading.Thread(target=save_many, args=(k,)) for k in (1, 2)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  for child in children:
+    _, stderr = child.communicate(timeout=300)
+    assert child.returncode == 0, stderr[-3000:]
+  assert not errors, errors
+  assert which_state(path, [1, 2, 3, 4]) in (1, 2, 3, 4)
+  assert len([name for name in os.listdir(tmp_path)
+              if name.endswith(".index")]) == 1
 
 
 # --- damaged checkpoints: errors that name them -------------------------------
