@@ -349,3 +349,28 @@ def test_gradient_of_roll_inside_a_shard_map_by_a_tape_around_and_inside():
                             out_specs=P(None, "data"))
   np.testing.assert_allclose(np.asarray(inside(x, w, cotangent)), expected,
                              rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("axes", [("a", "b"), ("b", "a")])
+def test_psum_scatter_over_axes_in_either_order(axes):
+  # The block a device gets is numbered by its index along `axes`, the
+  # first name major (JAX's linear axis index), whatever the mesh's order.
+  x = data(8, 16, seed=3)
+  total = x.astype(np.float64).sum(0)
+
+  def block(a, b):
+    k = a * 4 + b if axes == ("a", "b") else b * 2 + a
+    return total[2 * k:2 * (k + 1)]
+
+  expected = np.array([[block(a, b) for b in range(4)] for a in range(2)])
+  mesh = tfspmd.make_mesh((2, 4), ("a", "b"))
+  mapped = tfspmd.shard_map(
+      lambda v: lax.psum_scatter(v, axes, scatter_dimension=1, tiled=True),
+      mesh=mesh, in_specs=P(("a", "b")), out_specs=P(("a", "b"), None))
+  np.testing.assert_allclose(np.asarray(mapped(x)), expected.reshape(8, 2),
+                             rtol=1e-5)
+  nested = tfspmd.pmap(tfspmd.pmap(
+      lambda v: lax.psum_scatter(v, axes, scatter_dimension=0, tiled=True),
+      "b"), "a")
+  np.testing.assert_allclose(np.asarray(nested(x.reshape(2, 4, 16))),
+                             expected, rtol=1e-5)
