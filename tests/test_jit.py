@@ -110,6 +110,32 @@ def test_static_arguments_are_traced_once_per_value():
   assert traces == [2, 3]
 
 
+def test_static_argnames_and_argnums_complete_each_other_as_in_jax():
+  traces = []
+
+  def scale(x, factor, mode="times"):
+    traces.append((factor, mode))
+    return x * factor if mode == "times" else x + factor
+
+  x = np.arange(24, dtype=np.float32)
+  by_name = tfspmd.jit(scale, static_argnames=("factor", "mode"))
+  # A static name passed by keyword or by position is one trace per value.
+  for args, kwargs, expected in [
+      ((x,), {"factor": 2}, x * 2), ((x, 2), {}, x * 2),
+      ((x, 2, "plus"), {}, x + 2), ((x,), {"factor": 2, "mode": "plus"},
+                                    x + 2)]:
+    np.testing.assert_array_equal(np.asarray(by_name(*args, **kwargs)),
+                                  expected)
+  assert sorted(set(traces)) == [(2, "plus"), (2, "times")]
+  traces.clear()
+  by_position = tfspmd.jit(scale, static_argnums=(1, 2))
+  np.testing.assert_array_equal(
+      np.asarray(by_position(x, factor=3, mode="plus")), x + 3)
+  np.testing.assert_array_equal(np.asarray(by_position(x, 3, "plus")), x + 3)
+  np.testing.assert_array_equal(np.asarray(by_position(x, 3)), x * 3)
+  assert sorted(set(traces)) == [(3, "plus"), (3, "times")]
+
+
 def test_donated_arrays_are_freed(mesh):
   x = tfspmd.device_put(np.ones(8, np.float32), NamedSharding(mesh, P()))
   out = tfspmd.jit(lambda v: v + 1, donate_argnums=0)(x)
@@ -120,7 +146,13 @@ def test_donated_arrays_are_freed(mesh):
 @pytest.mark.parametrize("call, error, words", [
     (lambda mesh: tfspmd.jit(lambda x, n: x, static_argnums=1)(
         np.ones(8), [1]), TypeError,
-     "the static arguments [1] must be hashable"),
+     "the static argument args[1] must be hashable, as it keys the traces; "
+     "got a list"),
+    (lambda mesh: tfspmd.jit(lambda x, n: x, static_argnames="n")(
+        np.ones(8), n={}), TypeError,
+     "the static argument kwargs['n'] must be hashable"),
+    (lambda mesh: tfspmd.jit(lambda x: x, static_argnames=3), TypeError,
+     "`static_argnames` must be a str or a sequence of strs, got 3"),
     (lambda mesh: tfspmd.jit(lambda x: x, in_shardings=P("data"))(
         np.ones(8)), TypeError, "`in_shardings` holds PartitionSpec"),
     (lambda mesh: tfspmd.jit(lambda a, b: a + b, in_shardings=(

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence
 import functools
+import inspect
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,40 @@ def _positions(value, name, count=None):
   return tuple(sorted({int(v) % count for v in values}))
 
 
+def _names(value):
+  """`value` (a str or a sequence of strs) as a tuple of argument names."""
+  values = (value,) if isinstance(value, str) else value
+  try:
+    values = tuple(values)
+  except TypeError:
+    values = None
+  if values is None or not all(isinstance(v, str) for v in values):
+    raise TypeError(f"jit: `static_argnames` must be a str or a sequence of "
+                    f"strs, got {value!r}.")
+  return values
+
+
+def _static_arguments(fun, static_argnums, static_argnames):
+  """`(positions of static_argnames, {static_argnum: its name})` in `fun`.
+
+  As `jax.jit` does, each completes the other where `fun`'s signature tells:
+  a static position is static when passed by keyword too, and a static name
+  when passed positionally.
+  """
+  try:
+    parameters = inspect.signature(fun).parameters.values()
+  except (TypeError, ValueError):
+    return (), {}
+  positional = [p for p in parameters if p.kind in (
+      p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  names = {k: positional[k].name for k in static_argnums
+           if 0 <= k < len(positional)
+           and positional[k].kind == positional[k].POSITIONAL_OR_KEYWORD}
+  positions = tuple(k for k, p in enumerate(positional)
+                    if p.name in static_argnames)
+  return positions, names
+
+
 def _is_sharding_leaf(value):
   """Ends the walk of a shardings tree: a sharding, None, or a bare spec."""
   return value is None or isinstance(value, (NamedSharding, PartitionSpec))
@@ -75,13 +110,18 @@ class JittedFunction:
   """The callable `jit` returns."""
 
   def __init__(self, fun, in_shardings, out_shardings, static_argnums,
-               donate_argnums):
+               donate_argnums, static_argnames=()):
     if not callable(fun):
       raise TypeError(f"jit: `fun` must be callable, got {fun!r}.")
     self._fun = fun
     self._in_shardings = in_shardings
     self._out_shardings = out_shardings
     self._static_argnums = _positions(static_argnums, "static_argnums")
+    given_names = _names(static_argnames)
+    self._named_positions, self._names_of_argnums = _static_arguments(
+        fun, self._static_argnums, given_names)
+    self._static_argnames = given_names + tuple(
+        self._names_of_argnums.values())
     self._donate_argnums = _positions(donate_argnums, "donate_argnums")
     self._functions = lru.LRUCache(lru.TRACE_CACHE_SIZE)
     functools.update_wrapper(self, fun, updated=())
@@ -104,16 +144,29 @@ class JittedFunction:
 
   @_do_not_convert
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
-    static = _positions(self._static_argnums, "static_argnums", len(args))
+    # A static position past the call's positional arguments is one its
+    # name passes by keyword (or leaves at its default).
+    in_call = tuple(k for k in self._static_argnums
+                    if k >= len(args) and k in self._names_of_argnums)
+    static = tuple(sorted(set(_positions(
+        tuple(k for k in self._static_argnums if k not in in_call),
+        "static_argnums", len(args))).union(
+            k for k in self._named_positions if k < len(args))))
     donated = _positions(self._donate_argnums, "donate_argnums", len(args))
     static_values = tuple((k, args[k]) for k in static)
-    try:
-      hash(static_values)
-    except TypeError:
-      raise TypeError(
-          f"jit: the static arguments {[k for k in static]} must be "
-          f"hashable, as they key the traces; got "
-          f"{[type(args[k]).__name__ for k in static]}.") from None
+    static_kwargs = tuple(sorted((name, kwargs[name])
+                                 for name in self._static_argnames
+                                 if name in kwargs))
+    for where, value in ([(f"args[{k}]", v) for k, v in static_values] +
+                         [(f"kwargs[{n!r}]", v) for n, v in static_kwargs]):
+      try:
+        hash(value)
+      except TypeError:
+        raise TypeError(
+            f"jit: the static argument {where} must be hashable, as it keys "
+            f"the traces; got a {type(value).__name__}.") from None
+    kwargs = {name: value for name, value in kwargs.items()
+              if name not in self._static_argnames}
     dynamic = tuple(a for k, a in enumerate(args) if k not in static)
     leaves, treedef = tree.flatten((dynamic, kwargs))
     paths = tree.leaf_paths((dynamic, kwargs), "args")
@@ -125,12 +178,12 @@ class JittedFunction:
     tensors = [value._wide_value(  # pylint: disable=protected-access
         value.placement) if is_wide else value.dtensor_value
                for value, is_wide in zip(placed, wide)]
-    key = (treedef, static_values, wide, tuple(
+    key = (treedef, static_values, static_kwargs, wide, tuple(
         (tuple(v.shape), v.dtype) for v in placed), mesh.mesh_key)
     function = self._functions.get(key)
     if function is None:
-      function = self._traced(treedef, static_values, len(args), placed,
-                              wide, mesh)
+      function = self._traced(treedef, static_values, static_kwargs,
+                              len(args), placed, wide, mesh)
       self._functions.put(key, function)
     call, out_treedef, out_wide, out_shapes = function
     try:
@@ -198,7 +251,8 @@ class JittedFunction:
           f"first.")
     return transfers.device_put(value, NamedSharding(mesh, PartitionSpec()))
 
-  def _traced(self, treedef, static_values, count, placed, wide, mesh):
+  def _traced(self, treedef, static_values, static_kwargs, count, placed,
+              wide, mesh):
     """`(caller, output treedef, output wide flags, output shapes)`."""
     fun, built = self._fun, {}
     mesh = mesh.dtensor_mesh
@@ -211,7 +265,7 @@ class JittedFunction:
       given = dict(static_values)
       call_args = [given[k] if k in given else next(rest)
                    for k in range(count)]
-      result = fun(*call_args, **kwargs)
+      result = fun(*call_args, **kwargs, **dict(static_kwargs))
       leaves, out_treedef = tree.flatten(result)
       outputs, out_wide, shapes = [], [], []
       for leaf in leaves:
@@ -263,6 +317,7 @@ def _wrapped(value, shape, wide, mesh):
 def jit(fun: Callable[..., Any] | None = None, *,
         in_shardings: Any = None, out_shardings: Any = None,
         static_argnums: int | Sequence[int] = (),
+        static_argnames: str | Sequence[str] = (),
         donate_argnums: int | Sequence[int] = ()) -> Any:
   """JAX's `jax.jit`: `fun` traced once per signature, run on the devices.
 
@@ -283,6 +338,9 @@ def jit(fun: Callable[..., Any] | None = None, *,
     out_shardings: Shardings of the results (a tree prefix), or None.
     static_argnums: Positions of hashable arguments that are Python values
       the function is traced for, one trace per value.
+    static_argnames: Names of such arguments, passed by keyword. As in
+      `jax.jit`, each of the two completes the other through `fun`'s
+      signature: a static position is static when passed by keyword too.
     donate_argnums: Positions of arguments whose `ShardedArray`s are freed
       after the call.
 
@@ -309,6 +367,7 @@ def jit(fun: Callable[..., Any] | None = None, *,
     return functools.partial(jit, in_shardings=in_shardings,
                              out_shardings=out_shardings,
                              static_argnums=static_argnums,
+                             static_argnames=static_argnames,
                              donate_argnums=donate_argnums)
   return JittedFunction(fun, in_shardings, out_shardings, static_argnums,
-                        donate_argnums)
+                        donate_argnums, static_argnames)
