@@ -285,3 +285,26 @@ def test_a_data_parallel_model_serves_batch_first_without_tfspmd(tmp_path):
     np.testing.assert_allclose(
         result["y"][str(rows)],
         x[:rows].astype(np.float64) @ kernel + bias, rtol=1e-5, atol=1e-6)
+
+
+def test_reduce_retracing_relaxes_the_batch_and_keeps_the_values():
+  # TensorFlow's reduce_retracing traces the third size with the batch
+  # relaxed to None: the pmap (a loop with a psum inside) takes it open.
+  def body(v):
+    return tf.while_loop(lambda i, u: i < 3,
+                         lambda i, u: (i + 1, u + lax.psum(u, "i")), (0, v))[1]
+
+  mapped = tfspmd.pmap(body, "i")
+  relaxed = tf.function(lambda v: mapped(v), reduce_retracing=True)
+  for batch in (2, 3, 5):
+    x = _rows(batch)[:, :, 0]
+    np.testing.assert_allclose(relaxed(tf.constant(x)).numpy(),
+                               _psum_loop_reference(x), rtol=1e-5)
+  assert relaxed.experimental_get_tracing_count() == 2
+
+
+def _psum_loop_reference(x):
+  value = x.astype(np.float64)
+  for _ in range(3):
+    value = value + value.sum(0)
+  return value
