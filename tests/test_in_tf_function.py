@@ -57,11 +57,11 @@ def test_sharded_results_of_a_users_function_go_back_into_pmap():
   np.testing.assert_array_equal(double(twice), np.arange(8) * 8.)
 
 
-def test_dynamic_shapes_are_a_clear_error():
+def test_an_open_mapped_axis_is_a_clear_error():
   f = tfspmd.pmap(lambda v: v)
   g = tf.function(lambda v: f(v),
                   input_signature=[tf.TensorSpec([None], tf.float32)])
-  with pytest.raises(ValueError, match="needs static shapes"):
+  with pytest.raises(ValueError, match="whose size is open"):
     g.get_concrete_function()
 
 

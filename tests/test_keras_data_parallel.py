@@ -14,6 +14,8 @@ import keras
 import tfspmd
 from tfspmd.adapters import data_parallel
 
+import mirrored
+
 FEATURES, CLASSES, EXAMPLES, BATCH = 5, 3, 96, 32
 
 _traced_batch_sizes = []
@@ -262,14 +264,13 @@ def test_embedding_with_adam_and_repeated_ids_equals_fit_and_mirrored():
   y = rng.integers(0, 2, 64).astype(np.int32)
   reference = embedding_model()
   reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
-  strategy = tf.distribute.MirroredStrategy(
-      [f"/cpu:{k}" for k in range(len(tfspmd.devices()))])
+  strategy = mirrored.strategy()
   with strategy.scope():
-    mirrored = embedding_model()
-  mirrored.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    on_mirrored = embedding_model()
+  on_mirrored.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
   model = data_parallel(embedding_model())
   model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
-  assert_same_weights(mirrored, reference)
+  assert_same_weights(on_mirrored, reference)
   assert_same_weights(model, reference)
 
 
@@ -356,12 +357,11 @@ def test_synchronized_batch_norm_equals_fit_and_mirrored():
   x = x * 2 + 5
   reference = synchronized_batch_norm_model()
   reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-  strategy = tf.distribute.MirroredStrategy(
-      [f"/cpu:{k}" for k in range(len(tfspmd.devices()))])
+  strategy = mirrored.strategy()
   with strategy.scope():
-    mirrored = synchronized_batch_norm_model()
-  mirrored.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    on_mirrored = synchronized_batch_norm_model()
+  on_mirrored.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
   model = data_parallel(synchronized_batch_norm_model())
   model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-  assert_same_weights(mirrored, reference)
+  assert_same_weights(on_mirrored, reference)
   assert_same_weights(model, reference)

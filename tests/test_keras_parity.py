@@ -16,6 +16,8 @@ import keras
 from tfspmd.adapters import _keras_inputs
 from tfspmd.adapters import keras_training
 
+import mirrored
+
 FEATURES, CLASSES, EXAMPLES, BATCH = 5, 3, 96, 16
 
 
@@ -496,8 +498,7 @@ def test_float16_loss_scaling_applies_the_steps_keras_applies(
   if reference_kind == "fit":
     reference = mlp(keras.optimizers.Adam(0.01))
   else:
-    strategy = tf.distribute.MirroredStrategy(
-        [f"/cpu:{k}" for k in range(8)])
+    strategy = mirrored.strategy()
     with strategy.scope():
       reference = mlp(keras.optimizers.Adam(0.01))
   expected = _steps_scale_and_loss(reference,
