@@ -12,6 +12,8 @@ import tensorflow as tf
 import tfspmd
 from tfspmd import lax
 
+from child_process import run_python
+
 CALLS = 10_000
 THREADS, CALLS_PER_THREAD = 4, 500
 
@@ -129,3 +131,53 @@ def test_threads_share_one_pmapped_function():
   assert not wrong, wrong[:5]
   assert done == [CALLS_PER_THREAD] * THREADS
   assert len(f._programs) == THREADS  # pylint: disable=protected-access
+
+
+def test_threads_each_running_their_own_kinds_of_programs():
+  # Six threads trace and run a pmap, a shard_map over a 2 x 4 mesh, or a
+  # pmap with steps= each, at once, in a process of their own: none may
+  # wait for another forever (a timeout), and each gets NumPy's values.
+  run = run_python(_OWN_PROGRAMS_IN_THREADS, timeout=600)
+  assert run.stdout.split() == ["ok"] * 6, run.stdout
+
+
+_OWN_PROGRAMS_IN_THREADS = """
+import threading
+import numpy as np
+import tfspmd
+from tfspmd import lax
+
+outcome = ["not finished"] * 6
+
+
+def work(k):
+  x = np.full((8, 4), k + 1.0, np.float32)
+  try:
+    if k % 3 == 0:
+      f = tfspmd.pmap(lambda v: lax.psum(v, "i") * (k + 1), "i")
+      for _ in range(20):
+        ok = np.allclose(np.asarray(f(x)), x.sum(0) * (k + 1))
+    elif k % 3 == 1:
+      mesh = tfspmd.make_mesh((2, 4), ("a", "b"))
+      f = tfspmd.shard_map(lambda v: lax.psum(v, ("a", "b")) + k, mesh=mesh,
+                           in_specs=tfspmd.P(("a", "b")),
+                           out_specs=tfspmd.P())
+      for _ in range(20):
+        ok = np.allclose(np.asarray(f(x)), x.sum(0, keepdims=True) + k)
+    else:
+      f = tfspmd.pmap(lambda c, v: (c + lax.pmean(v, "i"), c), "i", steps=3)
+      for _ in range(10):
+        total, _ = f(np.zeros(8, np.float32), x[:, :3])
+        ok = np.allclose(np.asarray(total), 3 * (k + 1))
+    outcome[k] = "ok" if ok else "wrong"
+  except Exception as error:  # pylint: disable=broad-except
+    outcome[k] = type(error).__name__
+
+
+threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+for thread in threads:
+  thread.start()
+for thread in threads:
+  thread.join()
+print(" ".join(outcome))
+"""
