@@ -63,6 +63,15 @@ def test_a_shard_map_logs_under_its_function_name(logs):
       "name.<locals>.add_one",
       "tfspmd: lowered, compiled and ran shard_map of test_a_shard_map_logs_"
       "under_its_function_name.<locals>.add_one"]
+  # The arrays the user passed, not each device's block inside.
+  assert all(" for (float32[16]) in " in line for line in lines(logs))
+  two_axes = tfspmd.shard_map(add_one, mesh=tfspmd.make_mesh((2, 4),
+                                                             ("a", "b")),
+                              in_specs=tfspmd.P("a", "b"),
+                              out_specs=tfspmd.P("a", "b"))
+  two_axes(np.zeros((4, 16), np.float32))
+  assert all(" for (float32[4,16]) in " in line for line in lines(logs)[2:])
+  assert len(lines(logs)) == 4
 
 
 def test_nothing_is_logged_by_default(logs):

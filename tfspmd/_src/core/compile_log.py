@@ -10,6 +10,7 @@ warns once, as `tf.function` warns of retracing: every new shape, dtype or
 static argument traces and compiles the program again.
 """
 
+import contextlib
 import logging
 import threading
 import weakref
@@ -22,6 +23,29 @@ RETRACES_WARNED_AT = 5
 
 _lock = threading.Lock()
 _traces = weakref.WeakKeyDictionary()  # a function's program cache -> traces
+
+
+_shown = threading.local()
+
+
+@contextlib.contextmanager
+def arguments_shown_as(signature):
+  """Within it, traces and compiles are logged for `signature`.
+
+  A shard_map runs its function as nested pmaps of each device's block: its
+  log lines name the global arrays the user passed, not those blocks.
+  """
+  previous = getattr(_shown, "signature", None)
+  _shown.signature = signature
+  try:
+    yield
+  finally:
+    _shown.signature = previous
+
+
+def _as_shown(signature):
+  shown = getattr(_shown, "signature", None)
+  return signature if shown is None else shown
 
 
 def describe_arguments(signature):
@@ -44,7 +68,7 @@ def traced(owner, name, signature, seconds):
     _traces[owner] = count
   if config.tfspmd_log_compiles:
     logger.warning("tfspmd: traced %s for (%s) in %.3f s", name,
-                   describe_arguments(signature), seconds)
+                   describe_arguments(_as_shown(signature)), seconds)
   if count == RETRACES_WARNED_AT:
     logger.warning(
         "tfspmd: %s was traced for %d different call signatures (the last: "
@@ -53,7 +77,7 @@ def traced(owner, name, signature, seconds):
         "its first call. Pass arrays of a few fixed shapes (pad the last "
         "batch), and keep static arguments and Python numbers that change "
         "out of the arguments (pass them as arrays).", name, count,
-        describe_arguments(signature))
+        describe_arguments(_as_shown(signature)))
 
 
 def compiled(name, signature, seconds):
@@ -61,4 +85,4 @@ def compiled(name, signature, seconds):
   if config.tfspmd_log_compiles:
     logger.warning(
         "tfspmd: lowered, compiled and ran %s for (%s) in %.3f s", name,
-        describe_arguments(signature), seconds)
+        describe_arguments(_as_shown(signature)), seconds)

@@ -37,6 +37,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.arguments import arguments
+from tfspmd._src.core import compile_log
 from tfspmd._src.core import lru
 from tfspmd._src.core import tf_internal
 from tfspmd._src.programs import pmap as pmap_lib
@@ -357,7 +358,9 @@ class ShardMappedFunction:
     """The global results of one call: (leaves, treedef, out specs)."""
     expanded = [_expand_input(leaf, spec, self._mesh, path)
                 for leaf, spec, path in zip(leaves, specs, paths)]
-    result = self._mapped(*treedef.unflatten(expanded))
+    with compile_log.arguments_shown_as(tuple(
+        (tuple(leaf.shape), tf.as_dtype(leaf.dtype)) for leaf in leaves)):
+      result = self._mapped(*treedef.unflatten(expanded))
     out_leaves, out_treedef = tree.flatten(result)
     out_specs = [_as_spec(spec) for spec in tree.broadcast_prefix(
         self._out_specs, result, spec_name="out_specs", root="output",
