@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import tfspmd
+from tfspmd import P
 from tfspmd import lax
 
 _ROWS = np.random.default_rng(7).standard_normal((8, 3)).astype(np.float32)
@@ -308,3 +309,40 @@ def _psum_loop_reference(x):
   for _ in range(3):
     value = value + value.sum(0)
   return value
+
+
+def test_nested_pmaps_and_shard_map_take_open_sizes():
+  nested = tf.function(
+      tfspmd.pmap(tfspmd.pmap(
+          lambda v: lax.psum(v, "b") + lax.pmean(v, ("a", "b")), "b"), "a"),
+      input_signature=[tf.TensorSpec([2, 4, None, 3], tf.float32)])
+  mesh = tfspmd.make_mesh((2, 4), ("a", "b"))
+  summed = tf.function(
+      tfspmd.shard_map(lambda v: lax.psum(v, "b"), mesh=mesh,
+                       in_specs=P("a", None, "b"),
+                       out_specs=P("a", None, None)),
+      input_signature=[tf.TensorSpec([4, None, 8], tf.float32)])
+  for rows in (1, 5):
+    x = np.random.default_rng(rows).standard_normal(
+        (2, 4, rows, 3)).astype(np.float32)
+    np.testing.assert_allclose(
+        nested(tf.constant(x)).numpy(),
+        np.broadcast_to(x.sum(1, keepdims=True) +
+                        x.mean((0, 1), keepdims=True), x.shape), rtol=1e-5,
+        atol=1e-6)
+    y = np.random.default_rng(rows).standard_normal(
+        (4, rows, 8)).astype(np.float32)
+    # Each device's block has 2 of the 8 columns; psum over 'b' adds the
+    # four blocks of a row of the mesh.
+    np.testing.assert_allclose(summed(tf.constant(y)).numpy(),
+                               y.reshape(4, rows, 4, 2).sum(2), rtol=1e-5,
+                               atol=1e-6)
+  assert nested.experimental_get_tracing_count() == 1
+  assert summed.experimental_get_tracing_count() == 1
+  split_open = tf.function(
+      tfspmd.shard_map(lambda v: v, mesh=mesh, in_specs=P("a", "b"),
+                       out_specs=P("a", "b")),
+      input_signature=[tf.TensorSpec([4, None], tf.float32)])
+  with pytest.raises(ValueError, match=r"dimension 1 of args\[0\] is split "
+                     r"over the mesh axes \('b',\).*open \(None"):
+    split_open.get_concrete_function()

@@ -39,6 +39,7 @@ from tensorflow.experimental import dtensor
 from tfspmd._src.arguments import arguments
 from tfspmd._src.core import compile_log
 from tfspmd._src.core import lru
+from tfspmd._src.core import stacking
 from tfspmd._src.core import tf_internal
 from tfspmd._src.programs import pmap as pmap_lib
 from tfspmd._src.programs import pmap_options
@@ -113,11 +114,25 @@ def _check_spec(spec, rank, mesh, path, argument):
 
 
 def _expanded_shape(shape, spec, mesh, path):
-  """`shape` with each named mesh axis split out just before its block."""
+  """`shape` with each named mesh axis split out just before its block.
+
+  A size may be a scalar tensor: one a serving signature leaves open, which
+  a dimension no mesh axis splits keeps.
+  """
   expanded = []
   for dimension, size in enumerate(shape):
     names = spec.axes_of(dimension)
     count = math.prod(mesh.shape[name] for name in names)
+    if not isinstance(size, int):
+      if names:
+        raise ValueError(
+            f"shard_map: dimension {dimension} of {path} is split over the "
+            f"mesh axes {names} by the in spec {spec}, so its size must be "
+            f"known when the function traces, but it is open (None, as an "
+            f"input_signature may leave it). Give it a fixed size; "
+            f"dimensions no mesh axis splits may stay open.")
+      expanded.append(size)
+      continue
     if size % count:
       sizes = " x ".join(f"{name!r} ({mesh.shape[name]})" for name in names)
       raise ValueError(
@@ -141,7 +156,9 @@ def _expand_input(value, spec, mesh, path):
     if isinstance(value, tf.Tensor):
       value = value.numpy()
     return shard_map_processes.place_part(np.asarray(value), spec, mesh, path)
-  shape = _expanded_shape(tuple(value.shape), spec, mesh, path)
+  shape = _expanded_shape(
+      stacking.sizes(value) if isinstance(value, tf.Tensor) else
+      tuple(value.shape), spec, mesh, path)
   if isinstance(value, np.ndarray):
     return value.reshape(shape)
   if _merges_axes(spec, rank) and dtensor.is_dtensor(value):
@@ -218,7 +235,7 @@ def _join_output(value, spec, mesh):
   # The global shape: a ShardedArray's own is this process's part's.
   global_value = (value.dtensor_value if isinstance(value, ShardedArray)
                   else value)
-  shape = global_value.shape.as_list()
+  shape = stacking.sizes(global_value)
   named = sum(len(spec.axes_of(d)) for d in range(len(spec)))
   rank = len(shape) - named
   merged, split, position = [], [], 0
