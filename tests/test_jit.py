@@ -181,3 +181,40 @@ def test_small_results_split_or_constant_come_back_whole(mesh):
   assert same.sharding == NamedSharding(mesh, P())
   ones = tfspmd.jit(lambda: tf.ones(3))()
   np.testing.assert_array_equal(np.asarray(ones), np.ones(3))
+
+
+def test_pmaps_inside_jit_run_over_the_functions_mesh(mesh):
+  x = np.arange(16, dtype=np.float32).reshape(8, 2)
+
+  @tfspmd.jit
+  def doubled_total(v):
+    return tfspmd.pmap(lambda row: lax.psum(row, "i") * 2, "i")(v)
+
+  for given in (x, tfspmd.device_put(x, NamedSharding(mesh, P("data")))):
+    np.testing.assert_array_equal(np.asarray(doubled_total(given)),
+                                  np.broadcast_to(x.sum(0) * 2, x.shape))
+
+  @tfspmd.jit
+  def then_mean(v):
+    y = tfspmd.shard_map(lambda b: b * 2, mesh=mesh, in_specs=P("data"),
+                         out_specs=P("data"))(v)
+    return tfspmd.pmap(lambda row: lax.pmean(row, "i"), "i")(y)
+
+  np.testing.assert_allclose(np.asarray(then_mean(x)),
+                             np.broadcast_to(x.mean(0) * 2, x.shape))
+  grid = tfspmd.make_mesh((2, 4), ("a", "b"))
+  blocks = np.arange(24, dtype=np.float32).reshape(2, 4, 3)
+
+  @tfspmd.jit
+  def nested(v):
+    return tfspmd.pmap(tfspmd.pmap(
+        lambda b: lax.psum(b, "b") + tf.cast(lax.axis_index("a"), tf.float32),
+        "b"), "a")(v)
+
+  with grid:
+    out = nested(blocks)
+  assert out.sharding.mesh == grid
+  np.testing.assert_array_equal(
+      np.asarray(out), np.broadcast_to(
+          blocks.sum(1, keepdims=True) + np.arange(2.)[:, None, None],
+          blocks.shape))
