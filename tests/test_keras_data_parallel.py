@@ -6,6 +6,8 @@ order, and where it says so with `tf.distribute.MirroredStrategy` over the
 same 8 logical devices.
 """
 
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -365,3 +367,49 @@ def test_synchronized_batch_norm_equals_fit_and_mirrored():
   model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
   assert_same_weights(on_mirrored, reference)
   assert_same_weights(model, reference)
+
+
+def two_inputs_two_outputs():
+  keras.utils.set_random_seed(2)
+  a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
+  hidden = keras.layers.Dense(4, activation="relu")(
+      keras.layers.Concatenate()([a, b]))
+  model = keras.Model({"a": a, "b": b},
+                      {"reg": keras.layers.Dense(1, name="reg")(hidden),
+                       "cls": keras.layers.Dense(3, name="cls")(hidden)})
+  model.compile(optimizer="adam", loss={
+      "reg": "mse",
+      "cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
+                metrics={"cls": ["accuracy"]})
+  return model
+
+
+def test_dict_inputs_and_outputs_with_sample_weights_and_no_tf_warnings():
+  # Many small variables (biases, Adam's moments of them, the step count)
+  # cross between their two forms; none may make TensorFlow warn.
+  rng = np.random.default_rng(0)
+  x = {"a": rng.standard_normal((40, 3)).astype(np.float32),
+       "b": rng.standard_normal((40, 2)).astype(np.float32)}
+  y = {"reg": rng.standard_normal((40, 1)).astype(np.float32),
+       "cls": rng.integers(0, 3, 40)}
+  weights = rng.uniform(0.5, 1.5, 40).astype(np.float32)
+  arguments = dict(sample_weight=weights, batch_size=16, epochs=2,
+                   shuffle=False, verbose=0)
+  reference = two_inputs_two_outputs()
+  expected = reference.fit(x, y, **arguments).history
+  warned = []
+  handler = logging.Handler(level=logging.WARNING)
+  handler.emit = lambda record: warned.append(record.getMessage())
+  tf_logger = logging.getLogger("tensorflow")
+  tf_logger.addHandler(handler)
+  try:
+    model = data_parallel(two_inputs_two_outputs())
+    history = model.fit(x, y, **arguments).history
+    predicted = model.predict(x, verbose=0)
+  finally:
+    tf_logger.removeHandler(handler)
+  assert not warned, warned
+  assert_same_history(history, expected, rtol=1e-5)
+  assert_same_weights(model, reference)
+  for name, value in reference.predict(x, verbose=0).items():
+    np.testing.assert_allclose(predicted[name], value, rtol=1e-5, atol=1e-6)

@@ -92,11 +92,16 @@ def _converter(kind, shape, dtype):
   key = (kind, shape, dtype)
   converter = _CONVERTERS.get(key)
   if converter is None:
+    # Traced here for its one signature: TensorFlow warns of retracing when
+    # calls trace one Python function for many shapes, as these are.
     if kind == "widen":
-      converter = tf.function(widen, autograph=False)
+      converter = tf.function(widen, autograph=False).get_concrete_function(
+          tf.TensorSpec(shape, dtype))
     else:
-      converter = tf.function(lambda t: narrow(t, list(shape)),
-                              autograph=False)
+      converter = tf.function(
+          lambda t: narrow(t, list(shape)),
+          autograph=False).get_concrete_function(tf.TensorSpec((WIDTH,),
+                                                               dtype))
     _CONVERTERS[key] = converter
   return converter
 
