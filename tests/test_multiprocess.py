@@ -208,6 +208,36 @@ def test_the_seed_example_started_from_tf_config():
       f"{chief},{worker}")
 
 
+def test_a_keras_models_own_fit_over_two_processes_equals_one_device_fit():
+  # As a TensorFlow job is started: TF_CONFIG, then data_parallel(model)
+  # and the model's own fit, each process giving the same global arrays.
+  import keras  # pylint: disable=g-import-not-at-top
+  chief, worker = _free_addresses(2)
+  cluster = {"chief": [chief], "worker": [worker]}
+  envs = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
+          for task in ({"type": "chief", "index": 0},
+                       {"type": "worker", "index": 0})]
+  reports = _run([("keras_data_parallel", k, None, envs[k])
+                  for k in range(2)], devices=4)
+  keras.utils.set_random_seed(1)
+  reference = keras.Sequential([
+      keras.Input((5,)), keras.layers.Dense(8, activation="relu"),
+      keras.layers.Dense(3)])
+  reference.compile(optimizer=keras.optimizers.Adam(0.01),
+                    loss=keras.losses.SparseCategoricalCrossentropy(
+                        from_logits=True))
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((64, 5)).astype(np.float32)
+  y = rng.integers(0, 3, 64).astype(np.int32)
+  expected = reference.fit(x, y, batch_size=32, epochs=2, shuffle=False,
+                           verbose=0).history["loss"]
+  assert [r["process_index"] for r in reports] == [0, 1]
+  for report in reports:
+    np.testing.assert_allclose(report["loss"], expected, rtol=1e-5)
+    for got, want in zip(report["weights"], reference.get_weights()):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_jax_option_names_and_shutdown():
   # Process 0 listens on the bind address; the others reach it through the
   # coordinator's, here the same port on another name of this host.
