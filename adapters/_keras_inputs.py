@@ -7,6 +7,9 @@ to the trainer. Each error names the argument or the part of the data at
 fault, so that a bad call fails at once rather than deep in a traced step.
 """
 
+import contextlib
+import contextvars
+
 import numpy as np
 import tensorflow as tf
 
@@ -46,6 +49,25 @@ def check_model(model):
         f"compute_loss(), or train with model.fit on one device.")
 
 
+# Who the user called: 'model' for a data-parallel model's own methods.
+_caller = contextvars.ContextVar("caller", default="KerasTrainer")
+
+
+def called(method):
+  """'KerasTrainer.fit', or 'model.fit' within `called_as('model')`."""
+  return f"{_caller.get()}.{method}"
+
+
+@contextlib.contextmanager
+def called_as(name):
+  """Within it, messages name the method the user called as `name.method`."""
+  token = _caller.set(name)
+  try:
+    yield
+  finally:
+    _caller.reset(token)
+
+
 def check_keras_model(model, caller="KerasTrainer"):
   """Raises unless `model` is a Keras 3 model."""
   if not isinstance(model, keras.Model):
@@ -67,10 +89,10 @@ def check_step_override(model, step, method):
   if _keras_internal.overrides_step(model, step):
     keras_method = "predict" if step == "predict_step" else "evaluate"
     raise ValueError(
-        f"KerasTrainer.{method}: {type(model).__name__} overrides {step}, "
-        f"which KerasTrainer does not run: it runs Keras' own stateless "
-        f"{keras_method} step on each device. Move the custom logic into "
-        f"call(), compute_loss() or compute_metrics(), or run "
+        f"{called(method)}: {type(model).__name__} overrides {step}, "
+        f"which is not run: each device runs Keras' own stateless "
+        f"{keras_method} step. Move the custom logic into call(), "
+        f"compute_loss() or compute_metrics(), or run Keras' "
         f"model.{keras_method} on one device.")
 
 
@@ -84,23 +106,23 @@ def check_fit_arguments(epochs, initial_epoch, steps_per_epoch, verbose,
       continue
     if not _is_int(value) or value < least:
       raise ValueError(
-          f"KerasTrainer.fit: `{name}` must be an int >= {least}"
+          f"{called('fit')}: `{name}` must be an int >= {least}"
           f"{' or None' if name == 'steps_per_epoch' else ''}, got "
           f"{value!r}.")
   if verbose not in ("auto", 0, 1, 2) or isinstance(verbose, bool):
     raise ValueError(
-        f"KerasTrainer.fit: `verbose` must be 'auto', 0, 1 or 2, got "
+        f"{called('fit')}: `verbose` must be 'auto', 0, 1 or 2, got "
         f"{verbose!r}.")
   if callbacks is None:
     return
   if not isinstance(callbacks, (list, tuple)):
     raise TypeError(
-        f"KerasTrainer.fit: `callbacks` must be a list of "
+        f"{called('fit')}: `callbacks` must be a list of "
         f"keras.callbacks.Callback, got a {type(callbacks).__name__}.")
   for k, callback in enumerate(callbacks):
     if not isinstance(callback, keras.callbacks.Callback):
       raise TypeError(
-          f"KerasTrainer.fit: callbacks[{k}] is a "
+          f"{called('fit')}: callbacks[{k}] is a "
           f"{type(callback).__module__}.{type(callback).__name__}, not a "
           f"Keras 3 keras.callbacks.Callback (a tf.keras / Keras 2 callback "
           f"does not work with a Keras 3 model).")
@@ -114,7 +136,7 @@ def check_validation_arguments(validation_split, validation_data,
       or not isinstance(validation_split, (int, float, np.floating))
       or not 0 < validation_split < 1):
     raise ValueError(
-        f"KerasTrainer.fit: `validation_split` must be a float between 0 and "
+        f"{called('fit')}: `validation_split` must be a float between 0 and "
         f"1 (the fraction of the arrays' last rows to validate on), got "
         f"{validation_split!r}.")
   if validation_data is not None and not isinstance(
@@ -125,14 +147,14 @@ def check_validation_arguments(validation_split, validation_data,
              if isinstance(validation_data, (tuple, list))
              else f"a {type(validation_data).__name__}")
     raise ValueError(
-        f"KerasTrainer.fit: `validation_data` must be a tuple (x, y) or (x, "
+        f"{called('fit')}: `validation_data` must be a tuple (x, y) or (x, "
         f"y, sample_weight) of arrays, or a tf.data.Dataset of global "
         f"batches; got {given}.")
   frequencies = (validation_freq if isinstance(validation_freq, (list, tuple))
                  else [validation_freq])
   if not frequencies or not all(_is_int(f) and f >= 1 for f in frequencies):
     raise ValueError(
-        f"KerasTrainer.fit: `validation_freq` must be an int >= 1 (validate "
+        f"{called('fit')}: `validation_freq` must be an int >= 1 (validate "
         f"every that many epochs) or a list of epochs (counted from 1), got "
         f"{validation_freq!r}.")
 
@@ -150,14 +172,14 @@ def split_validation(x, y, sample_weight, validation_split):
   """
   if isinstance(x, tf.data.Dataset):
     raise ValueError(
-        "KerasTrainer.fit: `validation_split` splits in-memory arrays; with a "
+        f"{called('fit')}: `validation_split` splits in-memory arrays; with a "
         "tf.data.Dataset give `validation_data` (e.g. dataset.skip / "
         "dataset.take of the batches).")
   rows = _length("x", x, "fit")
   split_at = int(np.floor(rows * (1.0 - validation_split)))
   if split_at in (0, rows):
     raise ValueError(
-        f"KerasTrainer.fit: validation_split={validation_split} of {rows} "
+        f"{called('fit')}: validation_split={validation_split} of {rows} "
         f"rows leaves no rows to {'validate' if split_at else 'train'} on; "
         f"give more rows or another validation_split.")
 
@@ -173,7 +195,7 @@ def check_steps_per_epoch(steps_per_epoch, steps_per_call):
   """Raises unless each epoch of `steps_per_epoch` steps ends with a call."""
   if steps_per_epoch is not None and steps_per_epoch % steps_per_call:
     raise ValueError(
-        f"KerasTrainer.fit: steps_per_epoch={steps_per_epoch} must be a "
+        f"{called('fit')}: steps_per_epoch={steps_per_epoch} must be a "
         f"multiple of the model's steps_per_execution={steps_per_call}, so "
         f"that every epoch ends at the end of a call.")
 
@@ -198,7 +220,7 @@ def global_batches(x, y, sample_weight, batch_size, remainder, model, method,
   """
   if remainder not in ("error", "pad"):
     raise ValueError(
-        f"KerasTrainer.{method}: `remainder` must be 'error' or 'pad', got "
+        f"{called(method)}: `remainder` must be 'error' or 'pad', got "
         f"{remainder!r}.")
   dataset = _as_dataset(x, y, sample_weight, batch_size, method, shuffle)
   if class_weight is not None:
@@ -223,14 +245,14 @@ def prediction_inputs(x, batch_size):
   if isinstance(x, tf.data.Dataset):
     if batch_size is not None:
       raise ValueError(
-          "KerasTrainer.predict: with a tf.data.Dataset, give no "
+          f"{called('predict')}: with a tf.data.Dataset, give no "
           "`batch_size`: the dataset's elements are the global batches.")
-    tf_data.check_element_spec(x.element_spec, "KerasTrainer.predict", "x")
+    tf_data.check_element_spec(x.element_spec, called("predict"), "x")
     return x.map(lambda *element: (keras.utils.unpack_x_y_sample_weight(
         element[0] if len(element) == 1 else element)[0],))
   if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
     raise ValueError(
-        f"KerasTrainer.predict: `batch_size` must be an int >= 1, got "
+        f"{called('predict')}: `batch_size` must be an int >= 1, got "
         f"{batch_size!r}.")
   _length("x", x, "predict")
   return tf.data.Dataset.from_tensor_slices((x,)).batch(batch_size or 32)
@@ -280,18 +302,18 @@ def _as_dataset(x, y, sample_weight, batch_size, method, shuffle):
       advice = ("; shuffle its rows in the pipeline (dataset.shuffle(n) "
                 "before dataset.batch)" if shuffle else "")
       raise ValueError(
-          f"KerasTrainer.{method}: with a tf.data.Dataset, give no "
+          f"{called(method)}: with a tf.data.Dataset, give no "
           f"{', '.join(f'`{name}`' for name in given)}: the dataset's "
           f"elements are the global batches (x, y[, sample_weight])"
           f"{advice}.")
     return x
   if batch_size is None:
     raise ValueError(
-        f"KerasTrainer.{method}: give `x` as a tf.data.Dataset of global "
+        f"{called(method)}: give `x` as a tf.data.Dataset of global "
         f"batches, or arrays `x` and `y` with the global `batch_size`.")
   if not _is_int(batch_size) or batch_size < 1:
     raise ValueError(
-        f"KerasTrainer.{method}: `batch_size` must be an int >= 1, got "
+        f"{called(method)}: `batch_size` must be an int >= 1, got "
         f"{batch_size!r}.")
   arrays = {name: value for name, value in (
       ("x", x), ("y", y), ("sample_weight", sample_weight))
@@ -300,7 +322,7 @@ def _as_dataset(x, y, sample_weight, batch_size, method, shuffle):
              for name, value in arrays.items()}
   if len(set(lengths.values())) > 1:
     raise ValueError(
-        f"KerasTrainer.{method}: the arrays have different numbers of "
+        f"{called(method)}: the arrays have different numbers of "
         f"examples ({', '.join(f'{n}: {k}' for n, k in lengths.items())}); "
         f"they need one row per example.")
   dataset = tf.data.Dataset.from_tensor_slices(tuple(arrays.values()))
@@ -316,7 +338,7 @@ def _with_class_weights(dataset, class_weight, method):
   or (batch, 1), else the argmax of its one-hot target; a class not in
   `class_weight` weighs 1.
   """
-  caller = f"KerasTrainer.{method}"
+  caller = f"{called(method)}"
   if not isinstance(class_weight, dict) or not all(
       _is_int(k) and k >= 0 and isinstance(w, (int, float, np.number))
       and not isinstance(w, bool) for k, w in class_weight.items()):
@@ -360,7 +382,7 @@ def _length(name, value, method):
   lengths = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in leaves}
   if None in lengths or len(lengths) != 1:
     raise ValueError(
-        f"KerasTrainer.{method}: `{name}` must be an array (or a structure "
+        f"{called(method)}: `{name}` must be an array (or a structure "
         f"of arrays) with the examples along axis 0, or a tf.data.Dataset; "
         f"got {type(value).__name__}"
         f"{'' if None in lengths else f' with lengths {sorted(lengths)}'}.")
@@ -369,7 +391,7 @@ def _length(name, value, method):
 
 def _check_elements(spec, model, method):
   """Raises, naming the part at fault, for batches `fit` could not use."""
-  caller = f"KerasTrainer.{method}"
+  caller = f"{called(method)}"
   tf_data.check_element_spec(spec, caller, "x")
   try:
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(spec)

@@ -133,16 +133,18 @@ class _DataParallelCalls:
           initial_epoch=0, steps_per_epoch=None, validation_steps=None,
           validation_batch_size=None, validation_freq=1):
     """`keras.Model.fit`, data-parallel over the devices."""
-    trainer = self.trainer("fit")
+    trainer = self.trainer("model.fit")
     x, y, sample_weight, batch_size, shuffle = _inputs(
-        x, y, sample_weight, batch_size, shuffle, "fit")
+        x, y, sample_weight, batch_size, shuffle, "model.fit")
     if validation_data is not None and not isinstance(
         validation_data, (tuple, list, tf.data.Dataset)):
-      validation_data = _as_dataset(validation_data, "fit(validation_data)")
+      validation_data = _as_dataset(validation_data,
+                                    "model.fit(validation_data)")
     if validation_steps is not None:
       if validation_data is None:
         raise ValueError(
-            "fit: `validation_steps` counts batches of `validation_data`; "
+            "model.fit: `validation_steps` counts batches of "
+            "`validation_data`; "
             "with `validation_split`, all the rows split off are used.")
       if isinstance(validation_data, (tuple, list)):
         validation_data = _batched(
@@ -150,15 +152,17 @@ class _DataParallelCalls:
             validation_batch_size or batch_size or 32)
         validation_batch_size = None
       validation_data = _first_batches(validation_data, validation_steps,
-                                       "fit", "validation_steps")
-    history = trainer.fit(
-        x, y, batch_size=batch_size, epochs=epochs, initial_epoch=initial_epoch,
-        steps_per_epoch=steps_per_epoch, verbose=verbose, callbacks=callbacks,
-        validation_split=validation_split, validation_data=validation_data,
-        shuffle=shuffle, class_weight=class_weight,
-        sample_weight=sample_weight,
-        validation_batch_size=validation_batch_size,
-        validation_freq=validation_freq, remainder="pad")
+                                       "model.fit", "validation_steps")
+    with _keras_inputs.called_as("model"):
+      history = trainer.fit(
+          x, y, batch_size=batch_size, epochs=epochs,
+          initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
+          verbose=verbose, callbacks=callbacks,
+          validation_split=validation_split, validation_data=validation_data,
+          shuffle=shuffle, class_weight=class_weight,
+          sample_weight=sample_weight,
+          validation_batch_size=validation_batch_size,
+          validation_freq=validation_freq, remainder="pad")
     object.__setattr__(self.model, "history", history)
     return history
 
@@ -166,38 +170,40 @@ class _DataParallelCalls:
                sample_weight=None, steps=None, callbacks=None,
                return_dict=False):
     """`keras.Model.evaluate`, data-parallel over the devices."""
-    _check_no_callbacks(callbacks, "evaluate")
-    _check_verbose(verbose, "evaluate")
-    trainer = self.trainer("evaluate")
+    _check_no_callbacks(callbacks, "model.evaluate")
+    _check_verbose(verbose, "model.evaluate")
+    trainer = self.trainer("model.evaluate")
     x, y, sample_weight, batch_size, _ = _inputs(
-        x, y, sample_weight, batch_size, None, "evaluate")
+        x, y, sample_weight, batch_size, None, "model.evaluate")
     if steps is not None:
       x = _first_batches(
-          _batched(x, y, sample_weight, batch_size), steps, "evaluate",
+          _batched(x, y, sample_weight, batch_size), steps, "model.evaluate",
           "steps")
       y = sample_weight = batch_size = None
-    return trainer.evaluate(x, y, batch_size=batch_size,
-                            sample_weight=sample_weight,
-                            return_dict=return_dict, remainder="pad")
+    with _keras_inputs.called_as("model"):
+      return trainer.evaluate(x, y, batch_size=batch_size,
+                              sample_weight=sample_weight,
+                              return_dict=return_dict, remainder="pad")
 
   def predict(self, x, batch_size=None, verbose="auto", steps=None,
               callbacks=None):
     """`keras.Model.predict`, data-parallel over the devices."""
-    _check_no_callbacks(callbacks, "predict")
-    _check_verbose(verbose, "predict")
+    _check_no_callbacks(callbacks, "model.predict")
+    _check_verbose(verbose, "model.predict")
     if not isinstance(x, tf.data.Dataset) and _is_stream(x):
-      x = _as_dataset(x, "predict")
+      x = _as_dataset(x, "model.predict")
     if steps is not None:
       if not isinstance(x, tf.data.Dataset):
         x = tf.data.Dataset.from_tensor_slices(x).batch(batch_size or 32)
         batch_size = None
-      x = _first_batches(x, steps, "predict", "steps")
-    return self._predicting_trainer().predict(x, batch_size=batch_size)
+      x = _first_batches(x, steps, "model.predict", "steps")
+    with _keras_inputs.called_as("model"):
+      return self._predicting_trainer().predict(x, batch_size=batch_size)
 
   def _predicting_trainer(self):
     # model.predict needs no compile: neither does this.
     if self.model.compiled and self.model.optimizer is not None:
-      return self.trainer("predict")
+      return self.trainer("model.predict")
     return keras_training.KerasTrainer._for_prediction(  # pylint: disable=protected-access
         self.model, self.num_devices, self.axis_name)
 
@@ -247,7 +253,8 @@ def _as_dataset(x, method, shuffle=False):
     try:
       first = _as_element(next(x))
     except StopIteration:
-      raise ValueError(f"{method}: the generator `x` yields no batch.") from None
+      raise ValueError(
+          f"{method}: the generator `x` yields no batch.") from None
     unread = [first]
 
     def batches():
@@ -287,8 +294,8 @@ def _check_no_callbacks(callbacks, method):
   if callbacks:
     raise ValueError(
         f"{method}: `callbacks` are not run by a data-parallel model's "
-        f"{method}; call the callbacks' hooks around the call, or give "
-        f"callbacks to fit, whose epochs and batches run them.")
+        f"{method.split('.')[-1]}; call the callbacks' hooks around the "
+        f"call, or give callbacks to fit, whose epochs and batches run them.")
 
 
 def _check_verbose(verbose, method):

@@ -442,7 +442,8 @@ class KerasTrainer:
     if not step:
       self.model.stop_training = True
       warnings.warn(
-          "KerasTrainer.fit: the dataset ran out of batches; training stops. "
+          f"{_keras_inputs.called('fit')}: the dataset ran out of batches; "
+          "training stops. "
           "With steps_per_epoch, repeat the dataset (dataset.repeat()).",
           stacklevel=3)
       return logs

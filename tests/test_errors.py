@@ -2189,7 +2189,7 @@ def _():
       "evaluate (or fit with validation data) of a model that overrides "
       "test_step", ValueError,
       r"KerasTrainer.evaluate: CustomStep overrides test_step, which "
-      r"KerasTrainer does not run.*or run model.evaluate on one device")
+      r"is not run.*or run Keras' model.evaluate on one device")
 def _():
   keras_training.KerasTrainer(_model_overriding("test_step")).evaluate(
       *_xy(), batch_size=8)
@@ -2198,7 +2198,7 @@ def _():
 @case("keras-custom-predict-step", KERAS,
       "predict of a model that overrides predict_step", ValueError,
       r"KerasTrainer.predict: CustomStep overrides predict_step, which "
-      r"KerasTrainer does not run.*or run model.predict on one device")
+      r"is not run.*or run Keras' model.predict on one device")
 def _():
   keras_training.KerasTrainer(_model_overriding("predict_step")).predict(
       _xy()[0])

@@ -325,6 +325,13 @@ def test_bad_uses_are_clear_errors():
     model.predict(x, callbacks=[keras.callbacks.History()])
   with pytest.raises(ValueError, match="`validation_steps` must be an int"):
     model.fit(x, y, validation_data=(x, y), validation_steps=0, verbose=0)
+  # Messages name the method the user called, not the trainer behind it.
+  with pytest.raises(ValueError, match=r"^model\.fit: `validation_split` must "
+                     r"be a float"):
+    model.fit(x, y, validation_split=1.5, verbose=0)
+  with pytest.raises(ValueError, match=r"^model\.evaluate: the arrays have "
+                     r"different numbers of examples"):
+    model.evaluate(x, y[:10], verbose=0)
 
 
 def test_the_model_saves_and_loads_as_its_own_class(tmp_path):
