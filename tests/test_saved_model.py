@@ -59,6 +59,27 @@ def test_the_module_serves_plain_tensors_before_saving():
                                 np.tile(_ROWS, (8, 1, 1)))
 
 
+def _served_without_tfspmd(module, directory, program, *arguments):
+  """Saves `module` (its `serve` as the signature) and runs `program` on it.
+
+  `program` runs in a process of its own that never imports tfspmd, on one
+  device, as TF Serving runs a SavedModel, with the saved path and
+  `arguments` in `sys.argv`; what it prints last (one JSON object) is
+  returned.
+  """
+  path = str(directory / "saved")
+  tf.saved_model.save(module, path,
+                      signatures={"serving_default": module.serve})
+  env = {k: v for k, v in os.environ.items() if not k.startswith("TFSPMD")}
+  env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  run = subprocess.run(
+      [sys.executable, "-c", program, path, *arguments], env=env,
+      cwd=str(directory), capture_output=True, text=True, timeout=300,
+      check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  return json.loads(run.stdout.splitlines()[-1])
+
+
 _SERVE_WITHOUT_TFSPMD = """
 import json, sys
 import numpy as np
@@ -77,19 +98,10 @@ print(json.dumps({
 
 
 def test_a_saved_module_serves_in_a_process_without_tfspmd(tmp_path):
-  module = _Standardizer()
-  path = str(tmp_path / "standardizer")
-  tf.saved_model.save(module, path,
-                      signatures={"serving_default": module.serve})
   rows = _ROWS[::-1] * 2
-  env = {k: v for k, v in os.environ.items() if not k.startswith("TFSPMD")}
-  env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-  run = subprocess.run(
-      [sys.executable, "-c", _SERVE_WITHOUT_TFSPMD, path,
-       json.dumps(rows.tolist())], env=env, cwd=str(tmp_path),
-      capture_output=True, text=True, timeout=300, check=False)
-  assert run.returncode == 0, run.stderr[-3000:]
-  served = json.loads(run.stdout.splitlines()[-1])
+  served = _served_without_tfspmd(_Standardizer(), tmp_path,
+                                  _SERVE_WITHOUT_TFSPMD,
+                                  json.dumps(rows.tolist()))
   assert not served["tfspmd_imported"]
   assert served["devices"] == 1
   expected = _expected_standardized(rows)
@@ -186,18 +198,7 @@ print(json.dumps({
 
 
 def test_an_open_batch_signature_serves_two_sizes_without_tfspmd(tmp_path):
-  module = _OpenBatch()
-  path = str(tmp_path / "open_batch")
-  tf.saved_model.save(module, path,
-                      signatures={"serving_default": module.serve})
-  env = {k: v for k, v in os.environ.items() if not k.startswith("TFSPMD")}
-  env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-  run = subprocess.run(
-      [sys.executable, "-c", _SERVE_OPEN_BATCH, path], env=env,
-      cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
-      check=False)
-  assert run.returncode == 0, run.stderr[-3000:]
-  result = json.loads(run.stdout.splitlines()[-1])
+  result = _served_without_tfspmd(_OpenBatch(), tmp_path, _SERVE_OPEN_BATCH)
   assert not result["tfspmd_imported"]
   for batch in (1, 3):
     served = result["served"][str(batch)]
@@ -269,18 +270,9 @@ def test_a_data_parallel_model_serves_batch_first_without_tfspmd(tmp_path):
   x = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
   model.fit(x, x[:, :3], batch_size=16, epochs=1, verbose=0)
   kernel, bias = model.get_weights()
-  server = _BatchFirstServer(model)
-  path = str(tmp_path / "batch_first")
-  tf.saved_model.save(server, path,
-                      signatures={"serving_default": server.serve})
-  env = {k: v for k, v in os.environ.items() if not k.startswith("TFSPMD")}
-  env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-  run = subprocess.run(
-      [sys.executable, "-c", _SERVE_BATCH_FIRST, path,
-       json.dumps(x[:13].tolist())], env=env, cwd=str(tmp_path),
-      capture_output=True, text=True, timeout=300, check=False)
-  assert run.returncode == 0, run.stderr[-3000:]
-  result = json.loads(run.stdout.splitlines()[-1])
+  result = _served_without_tfspmd(_BatchFirstServer(model), tmp_path,
+                                  _SERVE_BATCH_FIRST,
+                                  json.dumps(x[:13].tolist()))
   assert not result["tfspmd_imported"]
   for rows in (5, 13):
     np.testing.assert_allclose(
