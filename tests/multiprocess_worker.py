@@ -509,6 +509,25 @@ def jax_options_and_shutdown():
   return report
 
 
+def keras_classifier_and_data():
+  """`(compiled model, x, y)`: a seeded classifier and 64 examples.
+
+  The test trains the same on one device as the reference.
+  """
+  import keras  # pylint: disable=g-import-not-at-top
+  keras.utils.set_random_seed(1)
+  model = keras.Sequential([
+      keras.Input((5,)), keras.layers.Dense(8, activation="relu"),
+      keras.layers.Dense(3)])
+  model.compile(optimizer=keras.optimizers.Adam(0.01),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True))
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((64, 5)).astype(np.float32)
+  y = rng.integers(0, 3, 64).astype(np.int32)
+  return model, x, y
+
+
 def keras_data_parallel():
   """A Keras model's own fit, data-parallel over both processes' devices.
 
@@ -516,20 +535,10 @@ def keras_data_parallel():
   every batch. The weights after training are reported.
   """
   _initialize()
-  import keras  # pylint: disable=g-import-not-at-top
   from tfspmd.adapters import data_parallel  # pylint: disable=g-import-not-at-top
-  keras.utils.set_random_seed(1)
-  model = data_parallel(keras.Sequential([
-      keras.Input((5,)), keras.layers.Dense(8, activation="relu"),
-      keras.layers.Dense(3)]))
-  model.compile(optimizer=keras.optimizers.Adam(0.01),
-                loss=keras.losses.SparseCategoricalCrossentropy(
-                    from_logits=True))
-  rng = np.random.default_rng(0)
-  x = rng.standard_normal((64, 5)).astype(np.float32)
-  y = rng.integers(0, 3, 64).astype(np.int32)
-  history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False,
-                      verbose=0)
+  model, x, y = keras_classifier_and_data()
+  history = data_parallel(model).fit(x, y, batch_size=32, epochs=2,
+                                     shuffle=False, verbose=0)
   return {"process_index": tfspmd.process_index(),
           "loss": history.history["loss"],
           "weights": [w.tolist() for w in model.get_weights()]}

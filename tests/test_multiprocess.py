@@ -23,6 +23,8 @@ import pytest
 import tfspmd
 from tfspmd._src.multiprocess import rendezvous
 
+import multiprocess_worker
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "multiprocess_worker.py")
 # The directory holding the tfspmd and examples packages, for the children.
@@ -191,14 +193,20 @@ def _port_in_launcher_range():
   pytest.skip("no free port in 61440..65535")
 
 
-def test_the_seed_example_started_from_tf_config():
-  # As Vertex AI and Kubeflow start TensorFlow jobs: every task's address,
-  # the chief first.
-  chief, worker = _free_addresses(2)
-  cluster = {"chief": [chief], "worker": [worker]}
+def _tf_config_of_a_chief_and_a_worker():
+  """`((chief, worker) addresses, each process's environment)`: TF_CONFIG."""
+  addresses = _free_addresses(2)
+  cluster = {"chief": [addresses[0]], "worker": [addresses[1]]}
   envs = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
           for task in ({"type": "chief", "index": 0},
                        {"type": "worker", "index": 0})]
+  return addresses, envs
+
+
+def test_the_seed_example_started_from_tf_config():
+  # As Vertex AI and Kubeflow start TensorFlow jobs: every task's address,
+  # the chief first.
+  (chief, worker), envs = _tf_config_of_a_chief_and_a_worker()
   reports = _run([("seed", k, None, envs[k]) for k in range(2)], devices=4)
   assert reports[0]["out"] == [28, 29, 30, 31]
   assert reports[1]["out"] == [32, 33, 34, 35]
@@ -211,24 +219,10 @@ def test_the_seed_example_started_from_tf_config():
 def test_a_keras_models_own_fit_over_two_processes_equals_one_device_fit():
   # As a TensorFlow job is started: TF_CONFIG, then data_parallel(model)
   # and the model's own fit, each process giving the same global arrays.
-  import keras  # pylint: disable=g-import-not-at-top
-  chief, worker = _free_addresses(2)
-  cluster = {"chief": [chief], "worker": [worker]}
-  envs = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
-          for task in ({"type": "chief", "index": 0},
-                       {"type": "worker", "index": 0})]
+  _, envs = _tf_config_of_a_chief_and_a_worker()
   reports = _run([("keras_data_parallel", k, None, envs[k])
                   for k in range(2)], devices=4)
-  keras.utils.set_random_seed(1)
-  reference = keras.Sequential([
-      keras.Input((5,)), keras.layers.Dense(8, activation="relu"),
-      keras.layers.Dense(3)])
-  reference.compile(optimizer=keras.optimizers.Adam(0.01),
-                    loss=keras.losses.SparseCategoricalCrossentropy(
-                        from_logits=True))
-  rng = np.random.default_rng(0)
-  x = rng.standard_normal((64, 5)).astype(np.float32)
-  y = rng.integers(0, 3, 64).astype(np.int32)
+  reference, x, y = multiprocess_worker.keras_classifier_and_data()
   expected = reference.fit(x, y, batch_size=32, epochs=2, shuffle=False,
                            verbose=0).history["loss"]
   assert [r["process_index"] for r in reports] == [0, 1]
