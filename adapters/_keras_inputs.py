@@ -96,6 +96,13 @@ def check_step_override(model, step, method):
         f"model.{keras_method} on one device.")
 
 
+def check_verbose(verbose, caller):
+  """Raises unless `verbose` is one `model.fit` takes."""
+  if verbose not in ("auto", 0, 1, 2) or isinstance(verbose, bool):
+    raise ValueError(
+        f"{caller}: `verbose` must be 'auto', 0, 1 or 2, got {verbose!r}.")
+
+
 def check_fit_arguments(epochs, initial_epoch, steps_per_epoch, verbose,
                         callbacks):
   """Raises, naming the argument, for a value `model.fit` would not take."""
@@ -109,10 +116,7 @@ def check_fit_arguments(epochs, initial_epoch, steps_per_epoch, verbose,
           f"{called('fit')}: `{name}` must be an int >= {least}"
           f"{' or None' if name == 'steps_per_epoch' else ''}, got "
           f"{value!r}.")
-  if verbose not in ("auto", 0, 1, 2) or isinstance(verbose, bool):
-    raise ValueError(
-        f"{called('fit')}: `verbose` must be 'auto', 0, 1 or 2, got "
-        f"{verbose!r}.")
+  check_verbose(verbose, called("fit"))
   if callbacks is None:
     return
   if not isinstance(callbacks, (list, tuple)):

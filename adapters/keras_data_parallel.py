@@ -171,7 +171,7 @@ class _DataParallelCalls:
                return_dict=False):
     """`keras.Model.evaluate`, data-parallel over the devices."""
     _check_no_callbacks(callbacks, "model.evaluate")
-    _check_verbose(verbose, "model.evaluate")
+    _keras_inputs.check_verbose(verbose, "model.evaluate")
     trainer = self.trainer("model.evaluate")
     x, y, sample_weight, batch_size, _ = _inputs(
         x, y, sample_weight, batch_size, None, "model.evaluate")
@@ -189,7 +189,7 @@ class _DataParallelCalls:
               callbacks=None):
     """`keras.Model.predict`, data-parallel over the devices."""
     _check_no_callbacks(callbacks, "model.predict")
-    _check_verbose(verbose, "model.predict")
+    _keras_inputs.check_verbose(verbose, "model.predict")
     if not isinstance(x, tf.data.Dataset) and _is_stream(x):
       x = _as_dataset(x, "model.predict")
     if steps is not None:
@@ -297,8 +297,3 @@ def _check_no_callbacks(callbacks, method):
         f"{method.split('.')[-1]}; call the callbacks' hooks around the "
         f"call, or give callbacks to fit, whose epochs and batches run them.")
 
-
-def _check_verbose(verbose, method):
-  if verbose not in ("auto", 0, 1, 2) or isinstance(verbose, bool):
-    raise ValueError(
-        f"{method}: `verbose` must be 'auto', 0, 1 or 2, got {verbose!r}.")
