@@ -214,3 +214,40 @@ def test_the_gradient_of_a_concat_of_slices_on_a_four_axis_mesh():
   weights = np.array([(j - 2) % 4 for j in range(4)], np.float32)
   np.testing.assert_array_equal(np.asarray(out),
                                 np.broadcast_to(weights, x.shape))
+
+
+# Each activation with the derivative NumPy writes for it, of its input x.
+ACTIVATIONS = {
+    "tanh": (tf.tanh, lambda x: 1 - np.tanh(x) ** 2),
+    "sigmoid": (tf.sigmoid, lambda x: np.exp(-x) / (1 + np.exp(-x)) ** 2),
+    "relu": (tf.nn.relu, lambda x: (x > 0).astype(x.dtype)),
+    "softplus": (tf.nn.softplus, lambda x: 1 / (1 + np.exp(-x))),
+    "sqrt": (tf.sqrt, lambda x: 0.5 / np.sqrt(x)),
+    "rsqrt": (tf.math.rsqrt, lambda x: -0.5 * x ** -1.5),
+}
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS))
+def test_the_gradient_of_an_activation_of_rank_8_blocks_on_three_axes(
+    activation):
+  # The gradient's other operand (the weights) is the same on every device,
+  # and pfor would tile it to the blocks' shape at rank 11.
+  function, derivative = ACTIVATIONS[activation]
+  mesh, names = mesh_of((2, 2, 2))
+  block = (1, 2, 1, 3, 1, 2, 1, 2)
+  x = np.random.default_rng(0).uniform(0.5, 2.0, size=(8,) + block[1:])
+  x = x.astype(np.float32)
+  weights = np.cos(np.arange(np.prod(block))).reshape(block).astype(
+      np.float32)
+
+  def gradient(v):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      loss = tf.reduce_sum(function(v) * weights)
+    return tape.gradient(loss, v)
+
+  out = tfspmd.shard_map(gradient, mesh=mesh, in_specs=P(names),
+                         out_specs=P(names))(x)
+  np.testing.assert_allclose(
+      np.asarray(out), derivative(x.astype(np.float64)) * weights[0],
+      rtol=1e-5, atol=1e-6)

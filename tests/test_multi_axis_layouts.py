@@ -10,8 +10,8 @@ against NumPy in float64.
 """
 
 import numpy as np
-import pytest
 import tensorflow as tf
+from tensorflow.experimental import dtensor
 
 import tfspmd
 from tfspmd import P
@@ -55,12 +55,6 @@ def numpy_attention_loss(nx, w):
   return (out ** 2).sum()
 
 
-@pytest.mark.xfail(
-    strict=True, raises=ValueError,
-    reason="the gradient reaches a transpose whose operand DTensor lays out "
-           "unsharded over the size-1 axes 'dp' and 'tp' and whose result "
-           "split over them; DTensor's Transpose refuses to move between the "
-           "two (TF 2.21), though they hold the same values")
 def test_attention_gradient_with_weights_gathered_over_fsdp():
   rng = np.random.default_rng(1)
   nx = (rng.standard_normal((4, 8, 16)) / 4).astype(np.float32)
@@ -131,15 +125,25 @@ def test_a_result_over_an_axis_of_size_1_keeps_its_spec():
                          out_specs=P(("dp", "fsdp", "sp"), "tp"))(x)
   np.testing.assert_array_equal(np.asarray(out), x * 2)
   assert out.sharding.spec == P(("dp", "fsdp", "sp"), "tp")
+  # Split over the size-1 axis 'tp' is whole on every device.
+  assert out.layout.sharding_specs[1] == dtensor.UNSHARDED
 
 
-@pytest.mark.xfail(
-    strict=True, raises=ValueError,
-    reason="pfor's matmul of rows split over ('data', 'model') merges the "
-           "'model' dimension with the rows, DTensor lays the product out "
-           "split over 'data' only, and its Sum expander then refuses the "
-           "bias gradient's reduction from a value split over both "
-           "(EmitAllScatter, TF 2.21)")
+def test_a_dtensor_split_over_an_axis_of_size_1_goes_in_as_it_is():
+  # A user's DTensor laid out on the mesh's own DTensor mesh, its rows
+  # split over 'fsdp' and its columns over 'dp' (size 1).
+  x = np.arange(24.0, dtype=np.float32).reshape(4, 6)
+  given = dtensor.Layout(["fsdp", "dp"], mesh().dtensor_mesh)
+  value = dtensor.relayout(
+      dtensor.copy_to_mesh(x, dtensor.Layout.replicated(mesh().dtensor_mesh,
+                                                        2)), given)
+  out = tfspmd.shard_map(lambda b: b + tf.cast(lax.axis_index("dp"), b.dtype), mesh=mesh(),
+                         in_specs=P("fsdp", "dp"), out_specs=P("fsdp", "dp"))(
+                             value)
+  np.testing.assert_array_equal(np.asarray(out), x)
+  assert out.sharding.spec == P("fsdp", "dp")
+
+
 def test_data_parallel_gradients_of_rows_split_over_two_axes():
   # A dense layer's weight and bias gradients, averaged over a batch split
   # over both axes of a 2 x 4 mesh: JAX's P(('data', 'model')) batch.

@@ -1,4 +1,4 @@
-"""A pfor converter for batched matmuls whose batch axes broadcast.
+"""pfor converters for matmuls: batch axes that broadcast, a stacked operand.
 
 TensorFlow's oneDNN kernel of `BatchMatMulV2` on CPU (TF 2.21, on unless
 `TF_ENABLE_ONEDNN_OPTS=0`) writes outside its buffers when a left operand
@@ -23,6 +23,7 @@ import string
 import tensorflow as tf
 
 from tfspmd._src.core import tf_internal
+from tfspmd._src.runtime import axis_env
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
@@ -33,6 +34,38 @@ def convert(op_inputs):
   left, right = op_inputs.broadcast_inputs()
   adjoint = (op_inputs.get_attr("adj_x"), op_inputs.get_attr("adj_y"))
   return [tf_internal.wrap_converted(matmul(left, right, *adjoint), True)]
+
+
+def matmul_applies(operation):
+  """Whether `convert_matmul` takes this MatMul (floating or complex)."""
+  dtype = operation.outputs[0].dtype
+  return dtype.is_floating or dtype.is_complex
+
+
+@_do_not_convert
+def convert_matmul(op_inputs):
+  """The converter of a MatMul with an operand stacked over the mapped axis.
+
+  pfor's folds the mapped axis into the rows of the other operand's matmul
+  (`[n, rows, k] -> [n * rows, k]`). On a mesh of several dimensions that
+  merges one mesh axis into the rows, which DTensor then lays out split over the
+  outer mesh axis only; the gradient of a bias over a batch split over two
+  axes (`P(('data', 'model'))`) then reduces a value DTensor cannot
+  expand. An einsum names the mapped axis instead, so every level keeps
+  its own dimension.
+  """
+  state = axis_env.trace_state()
+  if state is None or len(state.mesh_axes) < 2:
+    # One mesh dimension: pfor's merge keeps the rows split over it, as
+    # DTensor's reshape can.
+    return tf_internal.default_pfor_converter("MatMul")(op_inputs)
+  (left, left_stacked), (right, right_stacked) = op_inputs.inputs()
+  left_term = ("n" if left_stacked else "") + (
+      "ji" if op_inputs.get_attr("transpose_a") else "ij")
+  right_term = ("n" if right_stacked else "") + (
+      "kj" if op_inputs.get_attr("transpose_b") else "jk")
+  product = tf.einsum(f"{left_term},{right_term}->nik", left, right)
+  return [tf_internal.wrap_converted(product, True)]
 
 
 def matmul(left, right, adjoint_left=False, adjoint_right=False):

@@ -56,6 +56,8 @@ def _routes() -> dict[str, tuple[Route, ...]]:
       routes.setdefault(op_type, []).append(Route(converter, applies))
 
   add(["BatchMatMulV2"], broadcast_matmul.convert)
+  add(["MatMul"], broadcast_matmul.convert_matmul,
+      broadcast_matmul.matmul_applies)
   add(["Conv2DBackpropFilter"], conv_gradients.convert, conv_gradients.applies)
   add(["Slice"], dynamic_slices.convert_slice)
   add(["GatherV2"], dynamic_slices.convert_batched_gather,
@@ -67,6 +69,8 @@ def _routes() -> dict[str, tuple[Route, ...]]:
   add(random_ops.SEEDED, per_position.convert)
   add(segment_reductions.SEGMENT_TYPES, segment_reductions.convert)
   add(sorted(rank_limits.BINARY), rank_limits.convert_binary)
+  add(sorted(rank_limits.SAME_SHAPE_GRADIENTS),
+      rank_limits.convert_same_shape_gradient)
   for op_type, converter in dtensor_rewrites.CONVERTERS.items():
     add([op_type], converter, _DTENSOR_REWRITE_APPLIES.get(op_type))
   add(side_effects.EFFECT_TYPES, side_effects.convert_effect,

@@ -222,6 +222,46 @@ def convert_binary(op_inputs):
   return [tf_internal.wrap_converted(merged, True)]
 
 
+# Elementwise gradients of activations: their operands have one shape (no
+# broadcasting), so pfor tiles an operand the same on every position to
+# the stacked one's shape, at the full rank.
+SAME_SHAPE_GRADIENTS = frozenset((
+    "EluGrad", "LeakyReluGrad", "ReciprocalGrad", "Relu6Grad", "ReluGrad",
+    "RsqrtGrad", "SeluGrad", "SigmoidGrad", "SoftplusGrad", "SoftsignGrad",
+    "SqrtGrad", "TanhGrad"))
+
+
+@_do_not_convert
+def convert_same_shape_gradient(op_inputs):
+  """The converter of an activation's gradient (`TanhGrad`, ...).
+
+  Where an operand the same on every position would be tiled past the
+  kernels' rank (DTensor moves the tile's result between layouts with
+  slices of its rank), the op runs on the device's own dimensions merged
+  into one, and the operand is tiled at that rank.
+  """
+  default = tf_internal.default_pfor_converter(op_inputs.op.type)
+  values = op_inputs.inputs()
+  if all(v.stacked for v in values) or not merged_dims.fully_defined(
+      *[v.tensor for v in values]):
+    return default(op_inputs)
+  shape = next(v.tensor for v in values if v.stacked).shape.as_list()
+  split = axis_env.split_leading_dims()
+  if (len(shape) + len(axis_env.frames()) <= merged_dims.MAX_KERNEL_RANK or
+      not 1 <= split < len(shape)):
+    return default(op_inputs)
+  flat_shape = shape[:split] + [math.prod(shape[split:])]
+  operands = []
+  for value in values:
+    if value.stacked:
+      operands.append(tf.reshape(value.tensor, flat_shape))
+    else:
+      same = tf.reshape(value.tensor, [1] + flat_shape[1:])
+      operands.append(tf.tile(same, [shape[0]] + [1] * split))
+  return [tf_internal.wrap_converted(tf.reshape(result, shape), True)
+          for result in tf_internal.recreate_op(op_inputs.op, operands)]
+
+
 def _slice_of_each_dim(op_type, inputs, operation, shape):
   """Per input dimension: None (taken whole), an int (one index), or a slice.
 

@@ -15,7 +15,6 @@ import dataclasses
 import threading
 
 import tensorflow as tf
-from tensorflow.experimental import dtensor
 
 from tfspmd._src.core import merged_dims
 from tfspmd._src.runtime import mesh as mesh_lib
@@ -116,7 +115,7 @@ class TraceState:
     the whole per-device function (and every nested pmap in it) is traced,
     so the axes registered by then are all of the program's.
     """
-    return dtensor.Layout(list(spec), mesh_lib.mesh_for_axes(*self.mesh_key()))
+    return mesh_lib.layout_on(self.mesh_key(), spec)
 
   def result_splits(self, per_device, axis, mesh_dim):
     """`{axis: mesh_dim}` of a mapped result, with its nested pmaps' splits.

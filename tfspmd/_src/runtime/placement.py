@@ -21,9 +21,9 @@ from tensorflow.experimental import dtensor
 from tfspmd._src.core import run_errors
 from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import dtensor_device
+from tfspmd._src.runtime import mesh as mesh_lib
 
 if TYPE_CHECKING:
-  from tfspmd._src.runtime import mesh as mesh_lib
   from tfspmd._src.runtime import named_mesh
 
 
@@ -61,13 +61,11 @@ class Placement:
 
   @functools.cached_property
   def mesh(self):
-    from tfspmd._src.runtime import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
     return mesh_lib.mesh_for_axes(*self.mesh_key)
 
   @functools.cached_property
   def layout(self):
-    specs = [dtensor.UNSHARDED if dim is None else dim for dim in self.spec]
-    return dtensor.Layout(specs, self.mesh)
+    return mesh_lib.layout_on(self.mesh_key, self.spec)
 
   @property
   def devices(self):
@@ -344,6 +342,11 @@ def relayout(value, placement):
         value, layout = dtensor.pack(dtensor.unpack(value), renamed), renamed
     if layout == placement.layout:
       return value
+    if layout.mesh == placement.mesh and mesh_lib.layout_on(
+        placement.mesh_key, layout.sharding_specs) == placement.layout:
+      # Split over size-1 mesh dimensions only where `placement` is whole:
+      # every device holds its block already.
+      return dtensor.pack(dtensor.unpack(value), placement.layout)
     if layout.mesh == placement.mesh:
       return dtensor.relayout(value, placement.layout)
     replicated = dtensor.Layout.replicated(layout.mesh, layout.rank)

@@ -136,7 +136,11 @@ class ShardedArray:
 
   @property
   def layout(self) -> dtensor.Layout:
-    """The DTensor layout of `dtensor_value`."""
+    """The DTensor layout of `dtensor_value`.
+
+    An axis the sharding splits over a mesh axis of size 1 is whole on
+    every device, and the layout says so (`unsharded`).
+    """
     return self._placement.layout
 
   @property
