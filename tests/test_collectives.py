@@ -220,6 +220,25 @@ def test_collective_of_a_row_written_into_new_zeros(n, collective):
 
 
 @pytest.mark.parametrize("n", SIZES)
+def test_a_row_of_an_all_gather_picked_at_a_constant_and_a_per_device_index(
+    n):
+  # The last device's row, the device's own, and its ring neighbour's.
+  x = data(n, 3)
+
+  def rows(v):
+    gathered = lax.all_gather(v, "i")
+    neighbour = (lax.axis_index("i") + 1) % n
+    return gathered[n - 1], gathered[lax.axis_index("i")], tf.gather(
+        gathered, neighbour)
+
+  last, own, neighbour = (np.asarray(r) for r in
+                          tfspmd.pmap(rows, "i")(x))
+  np.testing.assert_array_equal(last, np.broadcast_to(x[n - 1], x.shape))
+  np.testing.assert_array_equal(own, x)
+  np.testing.assert_array_equal(neighbour, np.roll(x, -1, axis=0))
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_axis_index_and_size(n):
   out = tfspmd.pmap(lambda v: (lax.axis_index("i"), lax.axis_size("i") + 0 * lax.axis_index("i")),
                     "i")(np.zeros(n))

@@ -42,14 +42,15 @@ def whole_on_each_device(tensor):
   """`tensor` (a device's own value) held whole by each device.
 
   A gathered value is otherwise left split over the mesh dimensions it was
-  gathered from, to be gathered where it is used; two such values split
-  over different dimensions then meet in one op (the contraction of an
-  einsum whose operands were gathered over other axes), which DTensor
-  refuses to lay out. On a mesh of one dimension they cannot differ.
+  gathered from, to be gathered where it is used. DTensor cannot lay out
+  some uses of such a value: two values split over different dimensions
+  meeting in one op (the contraction of an einsum whose operands were
+  gathered over other axes), or a slice at a constant position of the
+  gathered axis (`all_gather(x)[2]`), which it would leave split.
   """
   state = axis_env.trace_state()
   rank = tensor.shape.rank
-  if state is None or len(state.mesh_axes) < 2 or rank is None or (
+  if state is None or rank is None or (
       rank + len(axis_env.frames()) > merged_dims.MAX_KERNEL_RANK):
     # Past the rank DTensor's relayouts take, the value stays as it is.
     return tensor
