@@ -23,8 +23,9 @@ def run_python(source, *, devices=8, timeout=120, check=True, **env):
   Returns:
     The `subprocess.CompletedProcess` (text `stdout` and `stderr`).
   """
+  # One that dies of a signal prints every thread's Python stack.
   environ = dict(os.environ, TFSPMD_NUM_CPU_DEVICES=str(devices),
-                 TF_CPP_MIN_LOG_LEVEL="3", **env)
+                 TF_CPP_MIN_LOG_LEVEL="3", PYTHONFAULTHANDLER="1", **env)
   run = subprocess.run([sys.executable, "-c", source], env=environ,
                        capture_output=True, text=True, timeout=timeout)
   if check:

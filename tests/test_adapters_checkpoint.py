@@ -513,14 +513,15 @@ def checkpoint_files(directory):
 
 def run_crashing_save(path, state_file, crash_at):
   """Runs CRASHING_SAVE; returns the step it was killed at (None: it ended)."""
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+  # A child that dies of a signal instead prints every thread's stack.
+  env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONPATH=os.pathsep.join(
       [SOURCE_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
   child = subprocess.run(
       [sys.executable, "-c", CRASHING_SAVE, path, state_file, str(crash_at)],
       env=env, capture_output=True, text=True, timeout=300, check=False)
   if child.returncode == 0:
     return None
-  assert child.returncode == 9, child.stderr
+  assert child.returncode == 9, (child.stdout, child.stderr[-6000:])
   return child.stdout.strip()
 
 
