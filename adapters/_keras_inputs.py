@@ -29,7 +29,7 @@ def check_model(model):
 
   Raises:
     TypeError: If `model` is not a Keras 3 model.
-    ValueError: If it is not compiled, or replaces `train_step`.
+    ValueError: If it is not compiled.
     ImportError: If the installed Keras keeps a private attribute the
       adapters use elsewhere than the tested versions do.
   """
@@ -40,13 +40,6 @@ def check_model(model):
         f"optimizer; call model.compile(optimizer=..., loss=..., "
         f"metrics=...) first, as for model.fit.")
   _keras_internal.check_instance_attributes(model)
-  if _keras_internal.overrides_step(model, "train_step"):
-    raise ValueError(
-        f"KerasTrainer: {type(model).__name__} overrides train_step, which "
-        f"cannot run statelessly on several devices: KerasTrainer runs "
-        f"Keras' own stateless step (stateless_call, compute_loss, "
-        f"optimizer.stateless_apply). Move the custom logic into call() or "
-        f"compute_loss(), or train with model.fit on one device.")
 
 
 # Who the user called: 'model' for a data-parallel model's own methods.
@@ -75,25 +68,6 @@ def check_keras_model(model, caller="KerasTrainer"):
         f"{caller}: `model` must be a Keras 3 `keras.Model`, got "
         f"{type(model).__module__}.{type(model).__name__}. (A tf_keras / "
         f"Keras 2 model has no stateless path; rebuild it with Keras 3.)")
-
-
-def check_step_override(model, step, method):
-  """Raises if `model` replaces a Keras step that `KerasTrainer` stands in for.
-
-  Args:
-    model: The compiled Keras model.
-    step: 'test_step' or 'predict_step'.
-    method: The trainer's method that would run it ('evaluate', 'fit' with
-      validation data, 'predict').
-  """
-  if _keras_internal.overrides_step(model, step):
-    keras_method = "predict" if step == "predict_step" else "evaluate"
-    raise ValueError(
-        f"{called(method)}: {type(model).__name__} overrides {step}, "
-        f"which is not run: each device runs Keras' own stateless "
-        f"{keras_method} step. Move the custom logic into call(), "
-        f"compute_loss() or compute_metrics(), or run Keras' "
-        f"model.{keras_method} on one device.")
 
 
 def check_verbose(verbose, caller):

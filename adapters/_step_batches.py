@@ -16,7 +16,8 @@ import tfspmd
 from . import tf_data
 
 
-def device_batches(dataset, num_devices, remainder, steps_per_call):
+def device_batches(dataset, num_devices, remainder, steps_per_call,
+                   own_step=None):
   """`dataset` as placed dict batches: x, y, sample_weight, rows (if padded).
 
   With remainder='pad' each batch is padded to a multiple of the devices
@@ -30,12 +31,15 @@ def device_batches(dataset, num_devices, remainder, steps_per_call):
     remainder: 'error' or 'pad', as `KerasTrainer.fit` takes it.
     steps_per_call: As `tfspmd.adapters.tf_data.device_batches` takes it:
       None for one batch per item, K for K steps per item.
+    own_step: For a model with its own step, `(model class name, step
+      name)`: the step runs on every row it is given, so no batch is
+      padded and one that does not divide by the devices is an error.
 
   Returns:
     A `tf_data.DeviceBatches` of the placed dict batches.
   """
   multiple = num_devices * tfspmd.process_count()
-  pad = remainder == "pad"
+  pad = remainder == "pad" and own_step is None
 
   def keyed(*element):
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(
@@ -51,9 +55,17 @@ def device_batches(dataset, num_devices, remainder, steps_per_call):
     batch["rows"] = rows
     return batch
 
-  return tf_data.device_batches(
+  advice = None
+  if own_step is not None:
+    model_class, step = own_step
+    advice = (f"{model_class} has its own {step}, which runs on every row "
+              f"it is given, so no padding rows can be added: give batch "
+              f"sizes that are multiples of {multiple} (a short last batch "
+              f"can be dropped with dataset.batch(n, drop_remainder=True)).")
+  return tf_data.DeviceBatches(
       dataset.map(keyed), num_devices=num_devices,
-      steps_per_call=steps_per_call)
+      steps_per_call=steps_per_call, remainder="error", buffer_size=2,
+      process_index=None, process_count=None, undivided_advice=advice)
 
 
 def prediction_batches(dataset, num_devices):

@@ -49,8 +49,9 @@ def data_parallel(model: keras.Model, *, num_devices: int | None = None,
   """Makes `model.fit`, `evaluate` and `predict` run data-parallel.
 
   Args:
-    model: A Keras 3 model with Keras' own `train_step`, compiled now or
-      before its first `fit` or `evaluate`.
+    model: A Keras 3 model, compiled now or before its first `fit` or
+      `evaluate`. A model with its own `train_step`, `test_step` or
+      `predict_step` runs it on each device.
     num_devices: How many local devices to run on; None for all.
     axis_name: The name of the data axis, for collectives.
 
@@ -61,8 +62,7 @@ def data_parallel(model: keras.Model, *, num_devices: int | None = None,
 
   Raises:
     TypeError: If `model` is not a Keras 3 model.
-    ValueError: If it overrides `train_step`, or it was made data-parallel
-      before with other arguments.
+    ValueError: If it was made data-parallel before with other arguments.
 
   Example:
     >>> import numpy as np, keras
@@ -76,13 +76,6 @@ def data_parallel(model: keras.Model, *, num_devices: int | None = None,
     (2, (64, 1))
   """
   _keras_inputs.check_keras_model(model, "data_parallel")
-  if _keras_internal.overrides_step(model, "train_step"):
-    raise ValueError(
-        f"data_parallel: {type(model).__name__} overrides train_step, which "
-        f"cannot run statelessly on several devices: the devices run Keras' "
-        f"own step (stateless_call, compute_loss, optimizer."
-        f"stateless_apply). Move the custom logic into call() or "
-        f"compute_loss(), or train with model.fit on one device.")
   existing = model.__dict__.get(_RUNNER)
   if existing is not None:
     if (existing.num_devices, existing.axis_name) != (num_devices, axis_name):

@@ -70,6 +70,7 @@ import tfspmd
 from tfspmd import lax
 
 from . import _batch_norm
+from . import _custom_step
 from . import _keras_inputs
 from . import _keras_internal
 from . import _keras_step
@@ -84,11 +85,9 @@ class KerasTrainer:
   `fit`, `evaluate` and `predict` take the arguments of `model.fit`,
   `model.evaluate` and `model.predict` that make sense for data on several
   devices, and give their results. Keras' own steps are run, statelessly on
-  each device: a model that overrides `train_step` is refused when the
-  trainer is made, and one that overrides `test_step` (or `predict_step`)
-  by `evaluate` and by `fit` with validation data (by `predict`). Put such
-  logic in `call`, `compute_loss` or `compute_metrics`, or run the model's
-  own `fit` on one device.
+  each device; a model that overrides `train_step`, `test_step` or
+  `predict_step` runs its own on each device as MirroredStrategy runs it
+  on a replica, on batches that divide by the devices.
 
   Attributes:
     model: The Keras model; its variables hold the trained values after each
@@ -118,14 +117,13 @@ class KerasTrainer:
     """Prepares `model` for data-parallel training.
 
     Args:
-      model: A Keras 3 `keras.Model`, compiled with an optimizer and a loss,
-        whose `train_step` is Keras' own.
+      model: A Keras 3 `keras.Model`, compiled with an optimizer and a loss.
       num_devices: How many local devices to train on; None for all.
       axis_name: The name of the data axis, for collectives.
 
     Raises:
       TypeError: If `model` is not a Keras 3 model.
-      ValueError: If it is not compiled, or replaces `train_step`.
+      ValueError: If it is not compiled.
       ImportError: If the installed Keras keeps a private attribute the
         adapters use elsewhere than the tested versions do.
     """
@@ -361,7 +359,6 @@ class KerasTrainer:
         shuffle=shuffle, class_weight=class_weight)
     validation = None
     if validation_data is not None:
-      _keras_inputs.check_step_override(self.model, "test_step", "fit")
       # As model.fit: array validation data beside a dataset goes in
       # batches of 32 unless `validation_batch_size` says otherwise.
       validation = self._validation_batches(
@@ -372,7 +369,8 @@ class KerasTrainer:
     steps_per_call = _step_batches.steps_per_execution(model)
     _keras_inputs.check_steps_per_epoch(steps_per_epoch, steps_per_call)
     batches = _step_batches.device_batches(dataset, len(self.devices),
-                                           remainder, steps_per_call)
+                                           remainder, steps_per_call,
+                                           self._own_step("train_step"))
     stream = None if steps_per_epoch is None else iter(batches)
     cardinality = int(dataset.cardinality())
     callback_list = keras.callbacks.CallbackList(
@@ -413,7 +411,7 @@ class KerasTrainer:
         x, y, sample_weight, batch_size, remainder, self.model,
         "fit(validation_data)")
     return _step_batches.device_batches(dataset, len(self.devices), remainder,
-                                        None)
+                                        None, self._own_step("test_step"))
 
   def _fit_epoch(self, epoch, batches, callback_list, validation):
     """One epoch of `fit`; returns its logs (empty if there was no batch).
@@ -481,12 +479,12 @@ class KerasTrainer:
       metric whose result is not a scalar (F1Score per class) gives a NumPy
       array instead of a float.
     """
-    _keras_inputs.check_step_override(self.model, "test_step", "evaluate")
     dataset = _keras_inputs.global_batches(x, y, sample_weight, batch_size,
                                            remainder, self.model, "evaluate")
     self.build(dataset)
     logs = self._test_logs(_step_batches.device_batches(
-        dataset, len(self.devices), remainder, None),
+        dataset, len(self.devices), remainder, None,
+        self._own_step("test_step")),
                            keras.callbacks.CallbackList(model=self.model))
     if return_dict:
       return logs
@@ -535,7 +533,6 @@ class KerasTrainer:
       row, in order, or the model's structure of them for a model with
       several outputs.
     """
-    _keras_inputs.check_step_override(self.model, "predict_step", "predict")
     dataset = _keras_inputs.prediction_inputs(x, batch_size)
     model = self.model
     if not model.built:
@@ -574,6 +571,10 @@ class KerasTrainer:
     model, optimizer = self.model, self.model.optimizer
     trainable, non_trainable, optimizer_values, metrics = state
     x, y, sample_weight, rows = _step_batches.unpack(batch)
+    if _keras_internal.overrides_step(model, "train_step"):
+      return _custom_step.train_step(
+          model, state, _custom_step.keras_data(x, y, sample_weight),
+          self.axis_name, len(self.devices) * tfspmd.process_count())
     seeds = _keras_internal.seed_state_positions(model)
     with tf.GradientTape() as tape:
       tape.watch(trainable)
@@ -614,8 +615,17 @@ class KerasTrainer:
         sample_weight, rows)
     return (trainable, non_trainable, optimizer_values, metrics), logs
 
+  def _own_step(self, step):
+    """`(model class name, step)` if the model overrides `step`, else None."""
+    if _keras_internal.overrides_step(self.model, step):
+      return type(self.model).__name__, step
+    return None
+
   def _predict_step(self, trainable, non_trainable, batch):
     """One device's predictions for its rows of a global batch."""
+    if _keras_internal.overrides_step(self.model, "predict_step"):
+      return _custom_step.predict_step(self.model, trainable, non_trainable,
+                                       batch["x"])
     kwargs = {}
     if _keras_internal.call_has_training_arg(self.model):
       kwargs["training"] = False
@@ -626,6 +636,11 @@ class KerasTrainer:
   def _test_step(self, trainable, non_trainable, metrics, batch):
     """One device's evaluation step: the metrics updated by its rows."""
     x, y, sample_weight, rows = _step_batches.unpack(batch)
+    if _keras_internal.overrides_step(self.model, "test_step"):
+      return _custom_step.test_step(
+          self.model, trainable, non_trainable, metrics,
+          _custom_step.keras_data(x, y, sample_weight), self.axis_name,
+          len(self.devices) * tfspmd.process_count())
     loss, y_pred, _, output_losses = _keras_step.compiled_loss(
         self.model, trainable, non_trainable, metrics, x, y,
         _padded_rows.sample_weights_for_loss(sample_weight, rows,

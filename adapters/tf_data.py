@@ -97,7 +97,10 @@ class DeviceBatches:
   def __init__(self, dataset: tf.data.Dataset, *, num_devices: int | None,
                steps_per_call: int | None, remainder: str, buffer_size: int,
                process_index: int | None,
-               process_count: int | None) -> None:
+               process_count: int | None,
+               undivided_advice: str | None = None) -> None:
+    """See `device_batches`; `undivided_advice` ends the error for a batch
+    that does not divide by the devices, in place of the remainder advice."""
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError(
           f"device_batches: `dataset` must be a tf.data.Dataset of global "
@@ -129,6 +132,7 @@ class DeviceBatches:
     self.devices = _placement.data_devices(num_devices)
     self._steps = steps_per_call
     self._remainder = remainder
+    self._undivided_advice = undivided_advice
     self._buffer_size = buffer_size
     self._dataset = self._pipeline(dataset)
 
@@ -189,14 +193,16 @@ class DeviceBatches:
           f"`dataset.batch(n)`).")
     size = int(sizes[0])
     if size % self.total_devices:
+      advice = self._undivided_advice or (
+          f"Make the batch size a multiple of {self.total_devices} (e.g. "
+          f"`dataset.batch(n, drop_remainder=True)` to drop a short last "
+          f"batch on purpose), or pass remainder='pad' to pad it with "
+          f"zero-weight rows.")
       raise ValueError(
           f"device_batches: batch {batch_index} has {size} examples, which "
           f"does not divide by the {self.total_devices} devices "
           f"({self.process_count} process(es) x {len(self.devices)} local "
-          f"devices). Make the batch size a multiple of "
-          f"{self.total_devices} (e.g. `dataset.batch(n, drop_remainder="
-          f"True)` to drop a short last batch on purpose), or pass "
-          f"remainder='pad' to pad it with zero-weight rows.")
+          f"devices). {advice}")
 
   def _place(self, share):
     """`(rows, ...)` -> `(devices, rows / devices, ...)` on the devices."""

@@ -220,18 +220,32 @@ def test_not_a_keras_3_model_is_an_error():
     keras_training.KerasTrainer(tf.Module())
 
 
-def test_a_custom_train_step_is_an_error():
+def test_a_train_step_that_calls_keras_own_trains_as_fit():
   class Custom(keras.Model):
 
     def train_step(self, data):
       return super().train_step(data)
 
-  inputs = keras.Input((2,))
-  model = Custom(inputs, keras.layers.Dense(1)(inputs))
-  model.compile(optimizer="sgd", loss="mse")
-  with pytest.raises(ValueError, match="overrides train_step, which cannot "
-                     "run statelessly"):
-    keras_training.KerasTrainer(model)
+  def compiled():
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((2,))
+    model = Custom(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((64, 2)).astype(np.float32)
+  y = rng.standard_normal((64, 1)).astype(np.float32)
+  model = compiled()
+  history = keras_training.KerasTrainer(model).fit(
+      x, y, batch_size=16, epochs=2, shuffle=False, verbose=0).history
+  reference = compiled()
+  expected = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False,
+                           verbose=0).history
+  # Keras' own step logs the loss it divided by the devices, undivided.
+  np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
+  for got, want in zip(model.get_weights(), reference.get_weights()):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_model_reading_untracked_tf_variables_is_an_error():

@@ -2177,31 +2177,35 @@ def _():
   trainer.state = state[:3]
 
 
-@case("keras-custom-train-step", KERAS,
-      "KerasTrainer of a model that overrides train_step", ValueError,
-      r"KerasTrainer: CustomStep overrides train_step, which cannot run "
-      r"statelessly on several devices.*Move the custom logic into call\(\)")
+@case("keras-own-step-undivided-batch", KERAS,
+      "fit of a model with its own train_step on a batch the devices do "
+      "not divide", ValueError,
+      r"batch 0 has 12 examples, which does not divide by the 8 devices.*"
+      r"CustomStep has its own train_step, which runs on every row it is "
+      r"given, so no padding rows can be added")
 def _():
-  keras_training.KerasTrainer(_model_overriding("train_step"))
+  x, y = _xy(12)
+  keras_training.KerasTrainer(_model_overriding("train_step")).fit(
+      x, y, batch_size=12, remainder="pad", verbose=0)
 
 
-@case("keras-custom-test-step", KERAS,
-      "evaluate (or fit with validation data) of a model that overrides "
-      "test_step", ValueError,
-      r"KerasTrainer.evaluate: CustomStep overrides test_step, which "
-      r"is not run.*or run Keras' model.evaluate on one device")
+@case("keras-own-step-stray-variable", KERAS,
+      "a model's own train_step assigning a variable the model does not "
+      "hold", ValueError,
+      r"StrayAssign.train_step assigns variables that are not the model's, "
+      r"its optimizer's or its metrics' \(a variable outside the model\)")
 def _():
-  keras_training.KerasTrainer(_model_overriding("test_step")).evaluate(
-      *_xy(), batch_size=8)
+  counter = keras.Variable(0.0, name="counter")
 
+  def train_step(self, data):
+    counter.assign_add(1.0)
+    return keras.Model.train_step(self, data)
 
-@case("keras-custom-predict-step", KERAS,
-      "predict of a model that overrides predict_step", ValueError,
-      r"KerasTrainer.predict: CustomStep overrides predict_step, which "
-      r"is not run.*or run Keras' model.predict on one device")
-def _():
-  keras_training.KerasTrainer(_model_overriding("predict_step")).predict(
-      _xy()[0])
+  custom = type("StrayAssign", (keras.Model,), {"train_step": train_step})
+  inputs = keras.Input((2,))
+  model = custom(inputs, keras.layers.Dense(1)(inputs))
+  model.compile(optimizer="sgd", loss="mse")
+  keras_training.KerasTrainer(model).fit(*_xy(), batch_size=8, verbose=0)
 
 
 @case("keras-validation-data-tuple", KERAS,

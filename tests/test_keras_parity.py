@@ -584,7 +584,7 @@ def test_optimizer_options_train_as_keras_fit(optimizer, mixed_policy):
                                atol=atol, err_msg=got.path)
 
 
-# --- what KerasTrainer does not run -----------------------------------------
+# --- a model's own test and predict steps -----------------------------------
 
 
 class CustomTestStep(keras.Model):
@@ -600,29 +600,34 @@ class CustomPredictStep(keras.Model):
 
 
 def _compiled(cls):
+  keras.utils.set_random_seed(4)
   inputs = keras.Input((FEATURES,))
   model = cls(inputs, keras.layers.Dense(CLASSES)(inputs))
   model.compile(optimizer="sgd", loss="mse")
   return model
 
 
-def test_a_custom_test_step_is_an_error_in_evaluate_and_validation():
+def test_a_models_own_test_step_runs_in_evaluate_and_validation():
   x, _ = data()
   y = np.zeros((EXAMPLES, CLASSES), np.float32)
-  trainer = keras_training.KerasTrainer(_compiled(CustomTestStep))
-  with pytest.raises(ValueError, match=r"KerasTrainer.evaluate: "
-                     r"CustomTestStep overrides test_step"):
-    trainer.evaluate(x, y, batch_size=BATCH)
-  with pytest.raises(ValueError, match=r"KerasTrainer.fit: CustomTestStep "
-                     r"overrides test_step"):
-    trainer.fit(x, y, batch_size=BATCH, validation_split=0.5, shuffle=False,
-                verbose=0)
-  trainer.fit(x, y, batch_size=BATCH, shuffle=False,
-              verbose=0)  # fit alone runs
+  model = _compiled(CustomTestStep)
+  trainer = keras_training.KerasTrainer(model)
+  reference = _compiled(CustomTestStep)
+  np.testing.assert_allclose(
+      trainer.evaluate(x, y, batch_size=BATCH),
+      reference.evaluate(x, y, batch_size=BATCH, verbose=0), rtol=1e-5)
+  history = trainer.fit(x, y, batch_size=BATCH, validation_split=0.5,
+                        shuffle=False, verbose=0).history
+  expected = reference.fit(x, y, batch_size=BATCH, validation_split=0.5,
+                           shuffle=False, verbose=0).history
+  for name in ("loss", "val_loss"):
+    np.testing.assert_allclose(history[name], expected[name], rtol=1e-5,
+                               err_msg=name)
 
 
-def test_a_custom_predict_step_is_an_error_in_predict():
-  trainer = keras_training.KerasTrainer(_compiled(CustomPredictStep))
-  with pytest.raises(ValueError, match=r"KerasTrainer.predict: "
-                     r"CustomPredictStep overrides predict_step"):
-    trainer.predict(data()[0])
+def test_a_models_own_predict_step_runs_in_predict():
+  model = _compiled(CustomPredictStep)
+  x = data()[0][:45]
+  np.testing.assert_allclose(
+      keras_training.KerasTrainer(model).predict(x, batch_size=BATCH),
+      model.predict(x, batch_size=BATCH, verbose=0), rtol=1e-5, atol=1e-6)

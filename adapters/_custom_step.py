@@ -1,0 +1,379 @@
+"""A model's own `train_step`, `test_step` and `predict_step` on each device.
+
+A Keras user who overrides `train_step` writes it for variables: the
+forward pass reads them, a `tf.GradientTape` differentiates the loss by
+`self.trainable_variables`, `self.optimizer.apply` writes them, metrics
+`update_state`. Each device runs that code unchanged, inside a
+`keras.StatelessScope` whose mapping holds the values the trainer carries:
+reads see them and writes are recorded, and the recorded values are the
+step's new state. What MirroredStrategy does around a replica's step is
+done around each device's:
+
+- a Keras loss is divided by the number of devices (Keras'
+  `scale_loss_for_distribution`, which reads the strategy's replica count)
+  and `optimizer.apply` sums the devices' gradients first, so the weights
+  move as MirroredStrategy moves them;
+- a tape started in the step watches the carried trainable values, and
+  its gradient by a trainable variable is the gradient by that value (a
+  variable read in a StatelessScope is a tensor, which a tape cannot
+  trace back to the variable);
+- metric variables are merged as their `aggregation` says ('sum': the
+  devices' increments added up), so a log named after a metric is its
+  result over the global batch; other logs are the devices' mean, as
+  Keras reduces a replica's logs under MirroredStrategy.
+
+The tape and the loss scaling are Keras' and TensorFlow's own functions,
+replaced while a step is traced; outside that trace, and in other threads,
+they do exactly what they did.
+"""
+
+import contextlib
+import threading
+
+import tensorflow as tf
+
+import keras
+from keras.src.losses import loss as keras_loss_module
+from tfspmd import lax
+
+from . import _keras_internal
+from . import _keras_step
+
+# The trace of a custom step in this thread: `_Trace` or None.
+_local = threading.local()
+_install_lock = threading.Lock()
+_installed = {"count": 0, "saved": None}
+
+
+class _Trace:
+  """What the replaced functions need while a step of this thread traces."""
+
+  def __init__(self, devices, trainable_values):
+    self.devices = devices
+    # id(variable) -> the value its reads give in the step.
+    self.trainable_values = trainable_values
+
+
+def _current():
+  return getattr(_local, "trace", None)
+
+
+class _StepTape(tf.GradientTape):
+  """`tf.GradientTape`, which in a custom step sees the carried variables."""
+
+  def __enter__(self):
+    tape = super().__enter__()
+    trace = _current()
+    if trace is not None:
+      self.watch(list(trace.trainable_values.values()))
+    return tape
+
+  def gradient(self, target, sources, output_gradients=None,
+               unconnected_gradients=tf.UnconnectedGradients.NONE):
+    trace = _current()
+    if trace is not None:
+      sources = tf.nest.map_structure(
+          lambda source: trace.trainable_values.get(id(source), source),
+          sources)
+    return super().gradient(target, sources, output_gradients,
+                            unconnected_gradients)
+
+
+def _scale_loss(original):
+  def scale(value):
+    trace = _current()
+    if trace is None:
+      return original(value)
+    return value / tf.cast(trace.devices, value.dtype)
+  return scale
+
+
+def _unscale_loss(original):
+  def unscale(value):
+    trace = _current()
+    if trace is None:
+      return original(value)
+    return value * tf.cast(trace.devices, value.dtype)
+  return unscale
+
+
+@contextlib.contextmanager
+def _replaced_functions():
+  """`tf.GradientTape` and Keras' loss scaling replaced, for every thread.
+
+  The replacements act only in a thread tracing a step (`_current`); the
+  originals come back when the last trace that installed them ends.
+  """
+  with _install_lock:
+    if _installed["count"] == 0:
+      saved = (tf.GradientTape,
+               keras_loss_module.scale_loss_for_distribution,
+               keras_loss_module.unscale_loss_for_distribution)
+      _installed["saved"] = saved
+      tf.GradientTape = _StepTape
+      keras_loss_module.scale_loss_for_distribution = _scale_loss(saved[1])
+      keras_loss_module.unscale_loss_for_distribution = _unscale_loss(
+          saved[2])
+    _installed["count"] += 1
+  try:
+    yield
+  finally:
+    with _install_lock:
+      _installed["count"] -= 1
+      if _installed["count"] == 0:
+        (tf.GradientTape, keras_loss_module.scale_loss_for_distribution,
+         keras_loss_module.unscale_loss_for_distribution) = _installed["saved"]
+
+
+@contextlib.contextmanager
+def _tracing(devices, trainable_values):
+  if _current() is not None:
+    raise ValueError("a model's train_step runs a model's train_step: one "
+                     "step of a data-parallel model cannot run another.")
+  with _replaced_functions():
+    _local.trace = _Trace(devices, trainable_values)
+    try:
+      yield
+    finally:
+      _local.trace = None
+
+
+@contextlib.contextmanager
+def _combining_apply(optimizer, scope, axis_name):
+  """`optimizer.apply` sums the devices' gradients, then updates statelessly.
+
+  The updated weights and optimizer variables are assigned in `scope`, as
+  `apply` assigns them, so what the step reads after it is updated. The
+  optimizer is within `_keras_internal.stateless_optimizer`.
+  """
+  sparse = _keras_step.updates_sparse_rows(optimizer)
+  applying = []
+
+  def apply(grads, trainable_variables=None):
+    if applying:
+      # `stateless_apply`'s own call, within the one below.
+      return type(optimizer).apply(optimizer, grads, trainable_variables)
+    built = list(_keras_internal.inner_optimizer(
+        optimizer)._trainable_variables)  # pylint: disable=protected-access
+    if trainable_variables is not None and (
+        [id(v) for v in trainable_variables] != [id(v) for v in built]):
+      raise ValueError(
+          "optimizer.apply in a data-parallel train_step must update the "
+          "model's trainable variables, all of them, in their order "
+          "(self.trainable_variables): the optimizer was built for them.")
+    grads = _keras_step.combined_gradients(list(grads), axis_name, sparse)
+    values = [scope.get_current_value(v) for v in built]
+    optimizer_values = [scope.get_current_value(v)
+                        for v in optimizer.variables]
+    applying.append(True)
+    try:
+      values, optimizer_values = optimizer.stateless_apply(
+          optimizer_values, grads, values)
+    finally:
+      applying.pop()
+    for variable, value in zip(list(built) + list(optimizer.variables),
+                               list(values) + list(optimizer_values)):
+      variable.assign(value)
+
+  def apply_gradients(grads_and_vars):
+    grads, variables = zip(*grads_and_vars)
+    apply(grads, variables)
+
+  object.__setattr__(optimizer, "apply", apply)
+  object.__setattr__(optimizer, "apply_gradients", apply_gradients)
+  try:
+    yield
+  finally:
+    object.__delattr__(optimizer, "apply")
+    object.__delattr__(optimizer, "apply_gradients")
+
+
+def keras_data(x, y, sample_weight):
+  """The `data` a Keras step gets for these parts, as `model.fit` gives it."""
+  if y is None and sample_weight is None:
+    return (x,)
+  if sample_weight is None:
+    return (x, y)
+  return (x, y, sample_weight)
+
+
+def _merged(variables, old_values, new_values, axis_name):
+  """The variables' values after every device's step, by their `aggregation`.
+
+  'sum' (a metric's accumulators): the devices' increments added up;
+  'only_first_replica': the first device's; otherwise the devices' mean
+  (an integer's largest). A value no device changed is left as it was.
+  """
+  merged = list(old_values)
+  sums, means = [], []
+  for k, (variable, old, new) in enumerate(
+      zip(variables, old_values, new_values)):
+    if new is None:
+      continue
+    aggregation = getattr(variable, "aggregation", "none")
+    if aggregation == "sum":
+      sums.append((k, new - old))
+    elif aggregation == "only_first_replica":
+      merged[k] = lax.all_gather(new, axis_name)[0]
+    elif new.dtype.is_floating:
+      means.append((k, new))
+    else:
+      merged[k] = lax.pmax(new, axis_name)
+  if sums:
+    for (k, _), total in zip(sums, lax.psum([d for _, d in sums], axis_name)):
+      merged[k] = old_values[k] + total
+  if means:
+    for (k, _), mean in zip(means, lax.pmean([v for _, v in means],
+                                             axis_name)):
+      merged[k] = mean
+  return merged
+
+
+def _flat_logs(logs):
+  """The logs with nested dicts flattened into them, as Keras logs them."""
+  flat = {}
+  for name, value in dict(logs).items():
+    if isinstance(value, dict):
+      flat.update(_flat_logs(value))
+    else:
+      flat[name] = value
+  return flat
+
+
+def _logs(model, raw_logs, metrics, axis_name):
+  """The step's logs: a metric's result over the merged state, else a mean."""
+  with keras.StatelessScope(
+      state_mapping=list(zip(model.metrics_variables, metrics))):
+    results = model.get_metrics_result()
+  logs = {}
+  for name, value in _flat_logs(raw_logs).items():
+    if name in results:
+      logs[name] = results[name]
+    else:
+      value = tf.convert_to_tensor(value)
+      logs[name] = (lax.pmean(value, axis_name) if value.dtype.is_floating
+                    else value)
+  return logs
+
+
+def _run(model, step, data, variables, values, axis_name, devices):
+  """Runs `step(data)` with `variables` holding `values` (lists by part).
+
+  Returns:
+    The values the step left in each part's variables (None where it
+    assigned none) and the step's logs.
+  """
+  mapping = [pair for part in zip(variables, values) for pair in zip(*part)]
+  training = step == model.train_step
+  with contextlib.ExitStack() as stack:
+    if training:
+      # Finds each variable's slots while its value is still the variable's.
+      stack.enter_context(_keras_internal.stateless_optimizer(
+          model.optimizer))
+    scope = stack.enter_context(keras.StatelessScope(state_mapping=mapping))
+    carried = {id(v): scope.get_current_value(v) for v in variables[0]}
+    stack.enter_context(_tracing(devices, carried))
+    if training:
+      stack.enter_context(_combining_apply(model.optimizer, scope, axis_name))
+    raw_logs = step(data)
+  _check_only_carried_assigned(model, step, scope, variables)
+  return [[scope.get_current_value(v) for v in part]
+          for part in variables], raw_logs
+
+
+def _check_only_carried_assigned(model, step, scope, variables):
+  """Raises if the step assigned a variable the trainer does not carry.
+
+  Such a variable (a second optimizer's, a layer's attribute outside the
+  model) would be written on no device and read again at its old value.
+  """
+  carried = {id(v) for part in variables for v in part}
+  stray = [key for key in scope.state_mapping if key not in carried]
+  if not stray:
+    return
+  named = {id(v): v.path for v in _all_keras_variables(model)}
+  names = ", ".join(sorted(named.get(key, "a variable outside the model")
+                           for key in stray))
+  raise ValueError(
+      f"{type(model).__name__}.{step.__name__} assigns variables that are "
+      f"not the model's, its optimizer's or its metrics' ({names}); on "
+      f"several devices only those are carried from step to step. Keep "
+      f"state in the model (layers' weights, metrics) and update weights "
+      f"with self.optimizer.")
+
+
+def _all_keras_variables(model):
+  found = list(model.variables) + list(model.metrics_variables)
+  for value in vars(model).values():
+    if isinstance(value, keras.optimizers.Optimizer):
+      found += list(value.variables)
+  return found
+
+
+def train_step(model, state, data, axis_name, devices):
+  """The model's own `train_step` on this device's rows of a global batch.
+
+  Args:
+    model: The compiled Keras model; its optimizer is built.
+    state: `(trainable, non_trainable, optimizer, metrics)` values, in the
+      order of the model's and optimizer's variable lists.
+    data: This device's rows, as Keras gives them to `train_step`.
+    axis_name: The pmap axis the batch is split over.
+    devices: How many devices the batch is split over.
+
+  Returns:
+    `(state, logs)`: the state after every device's step, the same on each
+    device, and the step's logs.
+  """
+  trainable, non_trainable, optimizer_values, metrics = state
+  seeds = _keras_internal.seed_state_positions(model)
+  variables = (list(model.trainable_variables),
+               list(model.non_trainable_variables),
+               list(model.optimizer.variables), list(model.metrics_variables))
+  seeded = _keras_step.per_device_seeds(non_trainable, seeds, 1, axis_name)
+  new, raw_logs = _run(model, model.train_step, data, variables,
+                       (trainable, seeded, optimizer_values, metrics),
+                       axis_name, devices)
+  # The optimizer's updates come from the summed gradients: the same on
+  # every device, as they are kept.
+  trainable = [old if value is None else value
+               for old, value in zip(trainable, new[0])]
+  optimizer_values = [old if value is None else value
+                      for old, value in zip(optimizer_values, new[2])]
+  moved_back = _keras_step.per_device_seeds(
+      [old if value is None else value
+       for old, value in zip(seeded, new[1])], seeds, -1, axis_name)
+  non_trainable = _merged(
+      variables[1], non_trainable,
+      [None if k in seeds else value for k, value in enumerate(moved_back)],
+      axis_name)
+  # Moved back, every device's seed state is the same; the pmin tells
+  # tfspmd so.
+  for k in seeds:
+    non_trainable[k] = lax.pmin(moved_back[k], axis_name)
+  metrics = _merged(variables[3], metrics, new[3], axis_name)
+  return ((trainable, non_trainable, optimizer_values, metrics),
+          _logs(model, raw_logs, metrics, axis_name))
+
+
+def test_step(model, trainable, non_trainable, metrics, data, axis_name,
+              devices):
+  """The model's own `test_step`: `(metrics, logs)`, as `train_step`."""
+  variables = (list(model.trainable_variables),
+               list(model.non_trainable_variables), [],
+               list(model.metrics_variables))
+  new, raw_logs = _run(model, model.test_step, data, variables,
+                       (trainable, non_trainable, [], metrics), axis_name,
+                       devices)
+  metrics = _merged(variables[3], metrics, new[3], axis_name)
+  return metrics, _logs(model, raw_logs, metrics, axis_name)
+
+
+def predict_step(model, trainable, non_trainable, data):
+  """The model's own `predict_step` on this device's rows: its outputs."""
+  trainable_variables, non_trainable_variables = (
+      model.trainable_variables, model.non_trainable_variables)
+  mapping = list(zip(trainable_variables, trainable)) + list(
+      zip(non_trainable_variables, non_trainable))
+  with keras.StatelessScope(state_mapping=mapping):
+    return model.predict_step(data)
