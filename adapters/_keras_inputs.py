@@ -91,16 +91,21 @@ def check_fit_arguments(epochs, initial_epoch, steps_per_epoch, verbose,
           f"{' or None' if name == 'steps_per_epoch' else ''}, got "
           f"{value!r}.")
   check_verbose(verbose, called("fit"))
+  check_callbacks(callbacks, "fit")
+
+
+def check_callbacks(callbacks, method):
+  """Raises unless `callbacks` is None or a list of Keras 3 callbacks."""
   if callbacks is None:
     return
   if not isinstance(callbacks, (list, tuple)):
     raise TypeError(
-        f"{called('fit')}: `callbacks` must be a list of "
+        f"{called(method)}: `callbacks` must be a list of "
         f"keras.callbacks.Callback, got a {type(callbacks).__name__}.")
   for k, callback in enumerate(callbacks):
     if not isinstance(callback, keras.callbacks.Callback):
       raise TypeError(
-          f"{called('fit')}: callbacks[{k}] is a "
+          f"{called(method)}: callbacks[{k}] is a "
           f"{type(callback).__module__}.{type(callback).__name__}, not a "
           f"Keras 3 keras.callbacks.Callback (a tf.keras / Keras 2 callback "
           f"does not work with a Keras 3 model).")

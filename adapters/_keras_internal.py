@@ -179,7 +179,8 @@ def overrides_step(model, step):
 
   Args:
     model: A Keras model.
-    step: 'train_step', 'test_step' or 'predict_step'.
+    step: 'train_step', 'test_step', 'predict_step' or another method of
+      Keras' trainer ('compute_metrics').
   """
   return getattr(type(model), step) is not getattr(TensorFlowTrainer, step)
 
@@ -450,34 +451,55 @@ def _row_weighted_moments(layer, rows, recorded, pooled, inputs, mask):
   return mean, variance
 
 
-def compute_metrics_of_rows(model, y, y_pred, sample_weight, rows):
+def compute_metrics_of_rows(model, x, y, y_pred, sample_weight, rows):
   """`model.compute_metrics` with the rows of weight 0 in `rows` left out.
 
   Keras gives the compiled `metrics` no sample weights, and a step cannot
   drop rows (shapes are static on the devices), so each compiled metric is
-  updated here as `CompileMetrics.update_state` does, with `rows` as (or
-  times) its sample weights.
+  updated as `CompileMetrics.update_state` does, with `rows` as (or times)
+  its sample weights. A model's own `compute_metrics` gets the rows as (or
+  times) its `sample_weight`, and Keras' (its `super()`) updates the
+  compiled metrics so.
   """
   compiled = model._compile_metrics  # pylint: disable=protected-access
-  if compiled is not None:
-    if not compiled.built:
-      compiled.build(y, y_pred)
-    y_true = compiled._flatten_y(y)  # pylint: disable=protected-access
-    y_pred = compiled._flatten_y(y_pred)  # pylint: disable=protected-access
-    weights = ([None] * len(y_true) if sample_weight is None
-               else compiled._flatten_y(sample_weight))  # pylint: disable=protected-access
-    if len(weights) < len(y_true):
-      weights = [weights[0]] * len(y_true)
-    for metric, target, prediction in zip(
-        compiled._flat_metrics, y_true, y_pred):  # pylint: disable=protected-access
-      if metric:
-        metric.update_state(target, prediction, sample_weight=rows)
-    for metric, target, prediction, weight in zip(
-        compiled._flat_weighted_metrics, y_true, y_pred, weights):  # pylint: disable=protected-access
-      if metric:
-        metric.update_state(target, prediction,
-                            sample_weight=_times_rows(weight, rows))
-  return model.get_metrics_result()
+  if not overrides_step(model, "compute_metrics"):
+    if compiled is not None:
+      _update_compiled_of_rows(compiled, y, y_pred, sample_weight, rows)
+    return model.get_metrics_result()
+  weight = (rows if sample_weight is None else tf.nest.map_structure(
+      lambda w: _times_rows(w, rows), sample_weight))
+  if compiled is None:
+    return model.compute_metrics(x, y, y_pred, sample_weight=weight)
+
+  def update_state(y_true, y_pred, sample_weight=None):
+    _update_compiled_of_rows(compiled, y_true, y_pred, sample_weight, rows)
+
+  object.__setattr__(compiled, "update_state", update_state)
+  try:
+    return model.compute_metrics(x, y, y_pred, sample_weight=weight)
+  finally:
+    object.__delattr__(compiled, "update_state")
+
+
+def _update_compiled_of_rows(compiled, y, y_pred, sample_weight, rows):
+  """`CompileMetrics.update_state`, the rows of weight 0 in `rows` left out."""
+  if not compiled.built:
+    compiled.build(y, y_pred)
+  y_true = compiled._flatten_y(y)  # pylint: disable=protected-access
+  y_pred = compiled._flatten_y(y_pred)  # pylint: disable=protected-access
+  weights = ([None] * len(y_true) if sample_weight is None
+             else compiled._flatten_y(sample_weight))  # pylint: disable=protected-access
+  if len(weights) < len(y_true):
+    weights = [weights[0]] * len(y_true)
+  for metric, target, prediction in zip(
+      compiled._flat_metrics, y_true, y_pred):  # pylint: disable=protected-access
+    if metric:
+      metric.update_state(target, prediction, sample_weight=rows)
+  for metric, target, prediction, weight in zip(
+      compiled._flat_weighted_metrics, y_true, y_pred, weights):  # pylint: disable=protected-access
+    if metric:
+      metric.update_state(target, prediction,
+                          sample_weight=_times_rows(weight, rows))
 
 
 def _times_rows(weight, rows):

@@ -168,7 +168,7 @@ def metrics_of_global_batch(model, axis_name, metrics, loss, output_losses,
                                    sample_weight=weight_all)
     else:
       logs = _keras_internal.compute_metrics_of_rows(
-          model, y_all, y_pred_all, weight_all, rows_all)
+          model, x_all, y_all, y_pred_all, weight_all, rows_all)
   new_metrics = []
   for variable, old in zip(model.metrics_variables, metrics):
     new = scope.get_current_value(variable)

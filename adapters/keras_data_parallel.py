@@ -163,7 +163,6 @@ class _DataParallelCalls:
                sample_weight=None, steps=None, callbacks=None,
                return_dict=False):
     """`keras.Model.evaluate`, data-parallel over the devices."""
-    _check_no_callbacks(callbacks, "model.evaluate")
     _keras_inputs.check_verbose(verbose, "model.evaluate")
     trainer = self.trainer("model.evaluate")
     x, y, sample_weight, batch_size, _ = _inputs(
@@ -176,12 +175,12 @@ class _DataParallelCalls:
     with _keras_inputs.called_as("model"):
       return trainer.evaluate(x, y, batch_size=batch_size,
                               sample_weight=sample_weight,
-                              return_dict=return_dict, remainder="pad")
+                              return_dict=return_dict, remainder="pad",
+                              verbose=verbose, callbacks=callbacks)
 
   def predict(self, x, batch_size=None, verbose="auto", steps=None,
               callbacks=None):
     """`keras.Model.predict`, data-parallel over the devices."""
-    _check_no_callbacks(callbacks, "model.predict")
     _keras_inputs.check_verbose(verbose, "model.predict")
     if not isinstance(x, tf.data.Dataset) and _is_stream(x):
       x = _as_dataset(x, "model.predict")
@@ -191,7 +190,8 @@ class _DataParallelCalls:
         batch_size = None
       x = _first_batches(x, steps, "model.predict", "steps")
     with _keras_inputs.called_as("model"):
-      return self._predicting_trainer().predict(x, batch_size=batch_size)
+      return self._predicting_trainer().predict(
+          x, batch_size=batch_size, verbose=verbose, callbacks=callbacks)
 
   def _predicting_trainer(self):
     # model.predict needs no compile: neither does this.
@@ -281,12 +281,3 @@ def _first_batches(dataset, steps, method, argument):
         f"{method}: `{argument}` must be an int >= 1 (a number of batches), "
         f"got {steps!r}.")
   return dataset.take(steps)
-
-
-def _check_no_callbacks(callbacks, method):
-  if callbacks:
-    raise ValueError(
-        f"{method}: `callbacks` are not run by a data-parallel model's "
-        f"{method.split('.')[-1]}; call the callbacks' hooks around the "
-        f"call, or give callbacks to fit, whose epochs and batches run them.")
-

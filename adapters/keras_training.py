@@ -457,7 +457,8 @@ class KerasTrainer:
   def evaluate(
       self, x: Any, y: Any = None, *, batch_size: int | None = None,
       sample_weight: Any = None, return_dict: bool = False,
-      remainder: str = "error"
+      remainder: str = "error", verbose: str | int = 0,
+      callbacks: Sequence[keras.callbacks.Callback] | None = None
   ) -> float | list[float | np.ndarray] | dict[str, float | np.ndarray]:
     """The compiled loss and metrics of the model on some data.
 
@@ -469,6 +470,10 @@ class KerasTrainer:
       return_dict: True for a dict from name to value, as in
         `model.evaluate`.
       remainder: As for `fit`.
+      verbose: 0 for silence; 1 (or 'auto') for Keras' progress bar; 2
+        for one line at the end.
+      callbacks: Keras callbacks, whose `on_test_*` methods are called as
+        `model.evaluate` calls them.
 
     Returns:
       What `model.evaluate` returns: the loss alone (a float) for a model
@@ -479,13 +484,16 @@ class KerasTrainer:
       metric whose result is not a scalar (F1Score per class) gives a NumPy
       array instead of a float.
     """
+    _keras_inputs.check_verbose(verbose, _keras_inputs.called("evaluate"))
+    _keras_inputs.check_callbacks(callbacks, "evaluate")
     dataset = _keras_inputs.global_batches(x, y, sample_weight, batch_size,
                                            remainder, self.model, "evaluate")
     self.build(dataset)
     logs = self._test_logs(_step_batches.device_batches(
         dataset, len(self.devices), remainder, None,
         self._own_step("test_step")),
-                           keras.callbacks.CallbackList(model=self.model))
+                           _callback_list(callbacks, verbose, dataset,
+                                          self.model))
     if return_dict:
       return logs
     return _keras_internal.metrics_in_order(self.model, logs)
@@ -513,7 +521,10 @@ class KerasTrainer:
     callback_list.on_test_end(logs)
     return logs
 
-  def predict(self, x: Any, *, batch_size: int | None = None) -> Any:
+  def predict(self, x: Any, *, batch_size: int | None = None,
+              verbose: str | int = 0,
+              callbacks: Sequence[keras.callbacks.Callback] | None = None
+              ) -> Any:
     """The model's outputs on some inputs, like `model.predict`.
 
     Each global batch is split over the devices, and each device runs the
@@ -527,12 +538,17 @@ class KerasTrainer:
         (or `(x, y[, sample_weight])`, whose `x` is taken).
       batch_size: The global batch size, for arrays: 32 if None, as in
         `model.predict`.
+      verbose: As for `evaluate`.
+      callbacks: Keras callbacks, whose `on_predict_*` methods are called
+        as `model.predict` calls them (a batch's end gets its outputs).
 
     Returns:
       What `model.predict` returns: a NumPy array with one row per input
       row, in order, or the model's structure of them for a model with
       several outputs.
     """
+    _keras_inputs.check_verbose(verbose, _keras_inputs.called("predict"))
+    _keras_inputs.check_callbacks(callbacks, "predict")
     dataset = _keras_inputs.prediction_inputs(x, batch_size)
     model = self.model
     if not model.built:
@@ -547,12 +563,18 @@ class KerasTrainer:
     if self._predict_call is None:
       self._predict_call = tfspmd.pmap(
           self._predict_step, self.axis_name, in_axes=(None, None, 0))
+    callback_list = _callback_list(callbacks, verbose, dataset, model)
+    callback_list.on_predict_begin()
     outputs = []
-    for batch in _step_batches.prediction_batches(dataset, len(self.devices)):
+    for step, batch in enumerate(
+        _step_batches.prediction_batches(dataset, len(self.devices))):
+      callback_list.on_predict_batch_begin(step)
       rows = np.asarray(batch["rows"]) > 0
       outputs.append(tf.nest.map_structure(
           lambda value, rows=rows: np.asarray(value)[rows],
           self._predict_call(trainable, non_trainable, batch)))
+      callback_list.on_predict_batch_end(step, {"outputs": outputs[-1]})
+    callback_list.on_predict_end()
     return tf.nest.map_structure(lambda *parts: np.concatenate(parts),
                                  *outputs)
 
@@ -658,6 +680,15 @@ def _log_value(value):
   """A metric's result as Keras logs it: a float, or an array if not scalar."""
   array = np.asarray(value)
   return float(array) if array.ndim == 0 else array
+
+
+def _callback_list(callbacks, verbose, dataset, model):
+  """The callbacks of an `evaluate` or `predict`, with Keras' progress bar."""
+  cardinality = int(dataset.cardinality())
+  return keras.callbacks.CallbackList(
+      callbacks, add_progbar=verbose != 0,
+      verbose=1 if verbose == "auto" else verbose, epochs=1,
+      steps=cardinality if cardinality >= 0 else None, model=model)
 
 
 def _validates_after(epoch, validation_freq):

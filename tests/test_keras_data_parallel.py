@@ -244,6 +244,88 @@ def test_callbacks_see_fits_logs():
   assert got.epochs == expected.epochs and len(got.epochs) == 2
 
 
+class CallRecord(keras.callbacks.Callback):
+  """Records the hooks Keras calls and the logs or outputs they get."""
+
+  def __init__(self):
+    super().__init__()
+    self.calls = []
+
+  def _record(self, hook, step=None, logs=None):
+    if isinstance(step, dict):  # on_test_end(logs), on_predict_end(logs)
+      step, logs = None, step
+    if logs and "outputs" in logs:
+      logs = np.asarray(logs["outputs"]).shape
+    elif logs:
+      logs = {k: round(float(v), 5) for k, v in logs.items()}
+    self.calls.append((hook, step, logs))
+
+  def __getattribute__(self, name):
+    if name.startswith(("on_test", "on_predict")):
+      return lambda *args, **kwargs: self._record(name, *args, **kwargs)
+    return super().__getattribute__(name)
+
+
+def test_evaluate_and_predict_run_callbacks_and_the_progress_bar_as_keras(
+    capsys):
+  x, y = data()
+  reference, model = mlp(), data_parallel(mlp())
+  for run in (reference, model):
+    run.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+  records = {}
+  for name, run in (("reference", reference), ("model", model)):
+    record = CallRecord()
+    capsys.readouterr()
+    run.evaluate(x, y, batch_size=BATCH, callbacks=[record], verbose=1)
+    run.predict(x[:80], batch_size=BATCH, callbacks=[record], verbose=1)
+    records[name] = (record.calls, capsys.readouterr().out)
+  calls, printed = records["model"]
+  assert calls == records["reference"][0]
+  assert [call[0] for call in calls] == (
+      ["on_test_begin"] + ["on_test_batch_begin", "on_test_batch_end"] * 3 +
+      ["on_test_end", "on_predict_begin"] +
+      ["on_predict_batch_begin", "on_predict_batch_end"] * 3 +
+      ["on_predict_end"])
+  # Keras' progress bar: the batches of each call, as model.evaluate and
+  # model.predict print them.
+  assert "3/3" in printed and "accuracy:" in printed and "loss:" in printed
+
+
+class OwnMetrics(keras.Sequential):
+  """Computes its metrics itself, weighing each row by its sample weight."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.largest_logit = keras.metrics.Mean(name="largest_logit")
+
+  def compute_metrics(self, x, y, y_pred, sample_weight=None):
+    self.largest_logit.update_state(tf.reduce_max(y_pred, axis=-1),
+                                    sample_weight=sample_weight)
+    return super().compute_metrics(x, y, y_pred, sample_weight)
+
+
+def test_an_own_compute_metrics_leaves_padding_rows_out():
+  # 100 rows in batches of 32: the last batch of 4 is padded to 8, whose
+  # padding rows the model's own metric must not weigh.
+  def model_with_own_metrics():
+    keras.utils.set_random_seed(1)
+    model = OwnMetrics([keras.Input((FEATURES,)),
+                        keras.layers.Dense(8, activation="relu"),
+                        keras.layers.Dense(CLASSES)])
+    compile_mlp(model)
+    return model
+
+  x, y = data(rows=100)
+  model = data_parallel(model_with_own_metrics())
+  history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                      verbose=0).history
+  reference = model_with_own_metrics()
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                           verbose=0).history
+  assert_same_history(history, expected)
+  assert_same_weights(model, reference)
+
+
 def embedding_model(seed=3):
   keras.utils.set_random_seed(seed)
   model = keras.Sequential([
@@ -313,8 +395,9 @@ def test_bad_uses_are_clear_errors():
   with pytest.raises(ValueError, match="`validation_steps` counts batches "
                      "of `validation_data`"):
     model.fit(x, y, validation_split=0.5, validation_steps=1, verbose=0)
-  with pytest.raises(ValueError, match="`callbacks` are not run"):
-    model.predict(x, callbacks=[keras.callbacks.History()])
+  with pytest.raises(TypeError, match=r"^model\.predict: `callbacks` must "
+                     r"be a list"):
+    model.predict(x, callbacks=keras.callbacks.History())
   with pytest.raises(ValueError, match="`validation_steps` must be an int"):
     model.fit(x, y, validation_data=(x, y), validation_steps=0, verbose=0)
   # Messages name the method the user called, not the trainer behind it.
