@@ -188,6 +188,41 @@ def _combining_apply(optimizer, scope, axis_name):
     object.__delattr__(optimizer, "apply_gradients")
 
 
+@contextlib.contextmanager
+def _other_optimizers_refused(model, step):
+  """Makes the `apply` of the model's other optimizers raise tfspmd's error.
+
+  Only `model.optimizer`'s gradients are combined and its state carried
+  from step to step; a step that applies another optimizer held by the
+  model (a GAN's `d_optimizer`) is refused where it calls it.
+  """
+  others = {name: value for name, value in vars(model).items()
+            if isinstance(value, keras.optimizers.Optimizer) and
+            value is not model.optimizer}
+
+  def refusal(name):
+    def refuse(*args, **kwargs):
+      del args, kwargs
+      raise ValueError(
+          f"{type(model).__name__}.{step.__name__} applies the optimizer "
+          f"self.{name}: on several devices only the optimizer given to "
+          f"compile(optimizer=...) has its gradients combined and its state "
+          f"carried. Update the weights with self.optimizer (one optimizer "
+          f"for all of them), or train a model with optimizers of its own "
+          f"(a GAN's) with model.fit on one device.")
+    return refuse
+
+  for name, optimizer in others.items():
+    object.__setattr__(optimizer, "apply", refusal(name))
+    object.__setattr__(optimizer, "apply_gradients", refusal(name))
+  try:
+    yield
+  finally:
+    for optimizer in others.values():
+      object.__delattr__(optimizer, "apply")
+      object.__delattr__(optimizer, "apply_gradients")
+
+
 def keras_data(x, y, sample_weight):
   """The `data` a Keras step gets for these parts, as `model.fit` gives it."""
   if y is None and sample_weight is None:
@@ -275,6 +310,7 @@ def _run(model, step, data, variables, values, axis_name, devices):
     stack.enter_context(_tracing(devices, carried))
     if training:
       stack.enter_context(_combining_apply(model.optimizer, scope, axis_name))
+    stack.enter_context(_other_optimizers_refused(model, step))
     raw_logs = step(data)
   _check_only_carried_assigned(model, step, scope, variables)
   return [[scope.get_current_value(v) for v in part]

@@ -2208,6 +2208,33 @@ def _():
   keras_training.KerasTrainer(model).fit(*_xy(), batch_size=8, verbose=0)
 
 
+@case("keras-own-step-own-optimizers", KERAS,
+      "a model's own train_step applying an optimizer of its own (a "
+      "GAN's)", ValueError,
+      r"TwoOptimizers.train_step applies the optimizer self.d_optimizer: on "
+      r"several devices only the optimizer given to compile\(optimizer="
+      r"\.\.\.\) has its gradients combined")
+def _():
+  class TwoOptimizers(keras.Model):
+
+    def compile(self, d_optimizer, g_optimizer):
+      super().compile(loss="mse")
+      self.d_optimizer, self.g_optimizer = d_optimizer, g_optimizer
+
+    def train_step(self, data):
+      x, y = data
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((self(x) - y) ** 2)
+      grads = tape.gradient(loss, self.trainable_weights)
+      self.d_optimizer.apply(grads, self.trainable_weights)
+      return {"loss": loss}
+
+  inputs = keras.Input((2,))
+  model = TwoOptimizers(inputs, keras.layers.Dense(1)(inputs))
+  model.compile(keras.optimizers.Adam(), keras.optimizers.Adam())
+  keras_training.KerasTrainer(model).fit(*_xy(), batch_size=8, verbose=0)
+
+
 @case("keras-validation-data-tuple", KERAS,
       "fit(validation_data=(x,)), a tuple of 1", ValueError,
       r"`validation_data` must be a tuple \(x, y\) or \(x, y, "
