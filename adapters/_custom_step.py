@@ -22,7 +22,8 @@ done around each device's:
   result over the global batch; other logs are the devices' mean, as
   Keras reduces a replica's logs under MirroredStrategy.
 
-The tape and the loss scaling are Keras' and TensorFlow's own functions,
+The tape, the loss scaling and a Keras variable's `handle` (which a tape
+not made for the step would ask for) are TensorFlow's and Keras' own,
 replaced while a step is traced; outside that trace, and in other threads,
 they do exactly what they did.
 """
@@ -33,7 +34,6 @@ import threading
 import tensorflow as tf
 
 import keras
-from keras.src.losses import loss as keras_loss_module
 from tfspmd import lax
 
 from . import _keras_internal
@@ -97,23 +97,50 @@ def _unscale_loss(original):
   return unscale
 
 
+def _guarded_handle(original):
+  """A Keras variable's `handle`, refused for a carried one in a step.
+
+  A tape asks a variable for its handle to find its reads; in a step the
+  reads are the carried values, which `_StepTape` maps the variable to. A
+  tape that is not one (a GradientTape imported by name) would get no
+  gradient, or Keras' AttributeError on a tensor.
+  """
+  def handle(variable):
+    trace = _current()
+    if trace is not None and id(variable) in trace.trainable_values:
+      raise ValueError(
+          "a tape other than tf.GradientTape() asked for the gradient by a "
+          "model variable in a data-parallel train_step: a GradientTape "
+          "imported by name (from tensorflow import GradientTape) cannot "
+          "see the values the devices carry for the variables. Start the "
+          "step's tape as tf.GradientTape().")
+    return original.__get__(variable, type(variable))
+  return property(handle)
+
+
+def _handle_owner():
+  """The Keras variable class that defines `handle` (TensorFlow's)."""
+  return next(cls for cls in keras.Variable.__mro__ if "handle" in vars(cls))
+
+
 @contextlib.contextmanager
 def _replaced_functions():
-  """`tf.GradientTape` and Keras' loss scaling replaced, for every thread.
+  """`tf.GradientTape`, Keras' loss scaling and `handle`, for every thread.
 
   The replacements act only in a thread tracing a step (`_current`); the
   originals come back when the last trace that installed them ends.
   """
+  losses = _keras_internal.loss_scaling_module()
   with _install_lock:
     if _installed["count"] == 0:
-      saved = (tf.GradientTape,
-               keras_loss_module.scale_loss_for_distribution,
-               keras_loss_module.unscale_loss_for_distribution)
+      saved = (tf.GradientTape, losses.scale_loss_for_distribution,
+               losses.unscale_loss_for_distribution,
+               vars(_handle_owner())["handle"])
       _installed["saved"] = saved
       tf.GradientTape = _StepTape
-      keras_loss_module.scale_loss_for_distribution = _scale_loss(saved[1])
-      keras_loss_module.unscale_loss_for_distribution = _unscale_loss(
-          saved[2])
+      losses.scale_loss_for_distribution = _scale_loss(saved[1])
+      losses.unscale_loss_for_distribution = _unscale_loss(saved[2])
+      _handle_owner().handle = _guarded_handle(saved[3])
     _installed["count"] += 1
   try:
     yield
@@ -121,8 +148,9 @@ def _replaced_functions():
     with _install_lock:
       _installed["count"] -= 1
       if _installed["count"] == 0:
-        (tf.GradientTape, keras_loss_module.scale_loss_for_distribution,
-         keras_loss_module.unscale_loss_for_distribution) = _installed["saved"]
+        (tf.GradientTape, losses.scale_loss_for_distribution,
+         losses.unscale_loss_for_distribution,
+         _handle_owner().handle) = _installed["saved"]
 
 
 @contextlib.contextmanager
@@ -161,7 +189,13 @@ def _combining_apply(optimizer, scope, axis_name):
           "optimizer.apply in a data-parallel train_step must update the "
           "model's trainable variables, all of them, in their order "
           "(self.trainable_variables): the optimizer was built for them.")
-    grads = _keras_step.combined_gradients(list(grads), axis_name, sparse)
+    grads = list(grads)
+    if grads and all(g is None for g in grads):
+      raise ValueError(
+          "optimizer.apply in a data-parallel train_step got no gradient "
+          "at all (every one is None): compute the loss inside the step's "
+          "tf.GradientTape() block.")
+    grads = _keras_step.combined_gradients(grads, axis_name, sparse)
     values = [scope.get_current_value(v) for v in built]
     optimizer_values = [scope.get_current_value(v)
                         for v in optimizer.variables]

@@ -16,8 +16,9 @@ TensorFlow backend:
     optimizer the backend-neutral methods of `BaseOptimizer` while a step
     traces.
 Also here: the optimizer's learning-rate variable, whether a loss or
-metrics were compiled, and BatchNormalization's batch moments, recorded
-with padding rows left out.
+metrics were compiled, BatchNormalization's batch moments, recorded
+with padding rows left out, and the module whose loss scaling a model's
+own `train_step` runs under (`loss_scaling_module`).
 Any Keras that keeps these names where the tested versions
 (`TESTED_KERAS_VERSIONS`, rerun with tests/keras_versions.sh) keep them is
 accepted. One that moved a name is an ImportError naming it and the installed
@@ -79,6 +80,33 @@ def unsupported_keras_error(missing_names):
       f"{', '.join(missing_names)}. tfspmd.adapters is tested with Keras "
       f"{', '.join(TESTED_KERAS_VERSIONS)}: install one of those, or adapt "
       f"tfspmd.adapters._keras_internal to this version.")
+
+
+_LOSS_SCALING = ("keras.src.losses.loss",
+                 ("scale_loss_for_distribution",
+                  "unscale_loss_for_distribution"))
+
+
+def loss_scaling_module():
+  """Keras' module of `scale_loss_for_distribution` and its inverse.
+
+  A Keras loss divides itself by the replicas of the `tf.distribute`
+  strategy in use through them (its `reduce_weighted_values`, and the
+  trainer's loss tracker through the inverse), looking them up in this
+  module when called.
+
+  Raises:
+    ImportError: If the installed Keras keeps them elsewhere.
+  """
+  name, functions = _LOSS_SCALING
+  try:
+    module = importlib.import_module(name)
+  except ModuleNotFoundError:
+    raise unsupported_keras_error([name]) from None
+  missing = [f"{name}.{f}" for f in functions if not hasattr(module, f)]
+  if missing:
+    raise unsupported_keras_error(missing)
+  return module
 
 
 def import_private_classes(private_classes=PRIVATE_CLASSES):

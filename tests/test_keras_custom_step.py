@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tensorflow import GradientTape
+
 import keras
 from tfspmd.adapters import data_parallel
 from tfspmd.adapters import keras_training
@@ -226,4 +228,25 @@ def test_assigning_a_variable_the_model_does_not_carry_is_an_error():
       r"CountingModel.train_step assigns variables that are not the "
       r"model's, its optimizer's or its metrics' \(a variable outside the "
       r"model\)")):
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+
+
+class ImportedTapeModel(GuideModel):
+  """Takes its tape by a name imported from TensorFlow."""
+
+  def train_step(self, data):
+    x, y = data
+    with GradientTape() as tape:
+      loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+    self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                         self.trainable_variables)
+    return {"loss": loss}
+
+
+def test_a_tape_imported_by_name_is_an_error_not_an_untrained_model():
+  x, y = data()
+  model = data_parallel(model_of(ImportedTapeModel, loss="mse"))
+  with pytest.raises(ValueError, match=(
+      r"a tape other than tf.GradientTape\(\) asked for the gradient by a "
+      r"model variable.*from tensorflow import GradientTape")):
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
