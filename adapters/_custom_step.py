@@ -17,15 +17,19 @@ done around each device's:
   its gradient by a trainable variable is the gradient by that value (a
   variable read in a StatelessScope is a tensor, which a tape cannot
   trace back to the variable);
-- metric variables are merged as their `aggregation` says ('sum': the
-  devices' increments added up), so a log named after a metric is its
-  result over the global batch; other logs are the devices' mean, as
-  Keras reduces a replica's logs under MirroredStrategy.
+- metric variables are merged as their `aggregation` says ('sum': each
+  device accumulates from zero but the first, from the state, and the
+  devices' values are added up, as MirroredStrategy's on-read sums are),
+  so a log named after a metric is its result over the global batch;
+  other logs are the devices' mean, as Keras reduces a replica's logs
+  under MirroredStrategy.
 
 The tape, the loss scaling and a Keras variable's `handle` (which a tape
 not made for the step would ask for) are TensorFlow's and Keras' own,
-replaced while a step is traced; outside that trace, and in other threads,
-they do exactly what they did.
+replaced while any step is traced (`tf.GradientTape` is then this module's
+subclass); they act differently only in the thread tracing a step. The
+model's optimizers' `apply` is replaced on the instance for the trace, so
+the steps of the data-parallel models are traced one at a time.
 """
 
 import contextlib
@@ -43,15 +47,24 @@ from . import _keras_step
 _local = threading.local()
 _install_lock = threading.Lock()
 _installed = {"count": 0, "saved": None}
+# One step's trace at a time: it replaces methods on the model's optimizers.
+_trace_lock = threading.Lock()
 
 
 class _Trace:
   """What the replaced functions need while a step of this thread traces."""
 
-  def __init__(self, devices, trainable_values):
-    self.devices = devices
+  def __init__(self, num_devices, carried, trainable):
+    self.num_devices = num_devices
     # id(variable) -> the value its reads give in the step.
-    self.trainable_values = trainable_values
+    self.carried = carried
+    # The carried values of the trainable variables, which a tape watches.
+    self.trainable = trainable
+
+  def mapped(self, structure):
+    """`structure` with each carried variable replaced by its value."""
+    return tf.nest.map_structure(
+        lambda item: self.carried.get(id(item), item), structure)
 
 
 def _current():
@@ -65,16 +78,14 @@ class _StepTape(tf.GradientTape):
     tape = super().__enter__()
     trace = _current()
     if trace is not None:
-      self.watch(list(trace.trainable_values.values()))
+      self.watch(trace.trainable)
     return tape
 
   def gradient(self, target, sources, output_gradients=None,
                unconnected_gradients=tf.UnconnectedGradients.NONE):
     trace = _current()
     if trace is not None:
-      sources = tf.nest.map_structure(
-          lambda source: trace.trainable_values.get(id(source), source),
-          sources)
+      sources = trace.mapped(sources)
     return super().gradient(target, sources, output_gradients,
                             unconnected_gradients)
 
@@ -84,7 +95,7 @@ def _scale_loss(original):
     trace = _current()
     if trace is None:
       return original(value)
-    return value / tf.cast(trace.devices, value.dtype)
+    return value / tf.cast(trace.num_devices, value.dtype)
   return scale
 
 
@@ -93,7 +104,7 @@ def _unscale_loss(original):
     trace = _current()
     if trace is None:
       return original(value)
-    return value * tf.cast(trace.devices, value.dtype)
+    return value * tf.cast(trace.num_devices, value.dtype)
   return unscale
 
 
@@ -107,7 +118,7 @@ def _guarded_handle(original):
   """
   def handle(variable):
     trace = _current()
-    if trace is not None and id(variable) in trace.trainable_values:
+    if trace is not None and id(variable) in trace.carried:
       raise ValueError(
           "a tape other than tf.GradientTape() asked for the gradient by a "
           "model variable in a data-parallel train_step: a GradientTape "
@@ -118,11 +129,6 @@ def _guarded_handle(original):
   return property(handle)
 
 
-def _handle_owner():
-  """The Keras variable class that defines `handle` (TensorFlow's)."""
-  return next(cls for cls in keras.Variable.__mro__ if "handle" in vars(cls))
-
-
 @contextlib.contextmanager
 def _replaced_functions():
   """`tf.GradientTape`, Keras' loss scaling and `handle`, for every thread.
@@ -130,17 +136,19 @@ def _replaced_functions():
   The replacements act only in a thread tracing a step (`_current`); the
   originals come back when the last trace that installed them ends.
   """
+  # Both found (or an ImportError naming them) before anything is replaced.
   losses = _keras_internal.loss_scaling_module()
+  variable_class = _keras_internal.variable_class_with_handle()
   with _install_lock:
     if _installed["count"] == 0:
       saved = (tf.GradientTape, losses.scale_loss_for_distribution,
                losses.unscale_loss_for_distribution,
-               vars(_handle_owner())["handle"])
+               vars(variable_class)["handle"])
       _installed["saved"] = saved
       tf.GradientTape = _StepTape
       losses.scale_loss_for_distribution = _scale_loss(saved[1])
       losses.unscale_loss_for_distribution = _unscale_loss(saved[2])
-      _handle_owner().handle = _guarded_handle(saved[3])
+      variable_class.handle = _guarded_handle(saved[3])
     _installed["count"] += 1
   try:
     yield
@@ -150,16 +158,16 @@ def _replaced_functions():
       if _installed["count"] == 0:
         (tf.GradientTape, losses.scale_loss_for_distribution,
          losses.unscale_loss_for_distribution,
-         _handle_owner().handle) = _installed["saved"]
+         variable_class.handle) = _installed["saved"]
 
 
 @contextlib.contextmanager
-def _tracing(devices, trainable_values):
+def _tracing(trace):
   if _current() is not None:
     raise ValueError("a model's train_step runs a model's train_step: one "
                      "step of a data-parallel model cannot run another.")
   with _replaced_functions():
-    _local.trace = _Trace(devices, trainable_values)
+    _local.trace = trace
     try:
       yield
     finally:
@@ -181,8 +189,7 @@ def _combining_apply(optimizer, scope, axis_name):
     if applying:
       # `stateless_apply`'s own call, within the one below.
       return type(optimizer).apply(optimizer, grads, trainable_variables)
-    built = list(_keras_internal.inner_optimizer(
-        optimizer)._trainable_variables)  # pylint: disable=protected-access
+    built = _keras_internal.built_for(optimizer)
     if trainable_variables is not None and (
         [id(v) for v in trainable_variables] != [id(v) for v in built]):
       raise ValueError(
@@ -212,6 +219,7 @@ def _combining_apply(optimizer, scope, axis_name):
   def apply_gradients(grads_and_vars):
     grads, variables = zip(*grads_and_vars)
     apply(grads, variables)
+    return optimizer.iterations
 
   object.__setattr__(optimizer, "apply", apply)
   object.__setattr__(optimizer, "apply_gradients", apply_gradients)
@@ -257,44 +265,43 @@ def _other_optimizers_refused(model, step):
       object.__delattr__(optimizer, "apply_gradients")
 
 
-def keras_data(x, y, sample_weight):
-  """The `data` a Keras step gets for these parts, as `model.fit` gives it."""
-  if y is None and sample_weight is None:
-    return (x,)
-  if sample_weight is None:
-    return (x, y)
-  return (x, y, sample_weight)
+def _first_device_only(variables, values, axis_name):
+  """`values`, each summed variable's zeroed on every device but the first.
+
+  A metric's accumulator ('sum' aggregation) then counts the state once
+  and each device's rows once when the devices' values are added up, also
+  after a step that resets it.
+  """
+  first = tf.equal(lax.axis_index(axis_name), 0)
+  return [tf.where(first, value, tf.zeros_like(value))
+          if getattr(variable, "aggregation", "none") == "sum" else value
+          for variable, value in zip(variables, values)]
 
 
-def _merged(variables, old_values, new_values, axis_name):
+def _merged(variables, values, axis_name):
   """The variables' values after every device's step, by their `aggregation`.
 
-  'sum' (a metric's accumulators): the devices' increments added up;
-  'only_first_replica': the first device's; otherwise the devices' mean
-  (an integer's largest). A value no device changed is left as it was.
+  'sum' (a metric's accumulators, started by `_first_device_only`): the
+  devices' values added up; 'only_first_replica': the first device's;
+  otherwise the devices' mean (an integer's largest). A value the same on
+  every device costs no collective.
   """
-  merged = list(old_values)
+  merged = list(values)
   sums, means = [], []
-  for k, (variable, old, new) in enumerate(
-      zip(variables, old_values, new_values)):
-    if new is None:
-      continue
+  for k, (variable, value) in enumerate(zip(variables, values)):
     aggregation = getattr(variable, "aggregation", "none")
     if aggregation == "sum":
-      sums.append((k, new - old))
+      sums.append(k)
     elif aggregation == "only_first_replica":
-      merged[k] = lax.all_gather(new, axis_name)[0]
-    elif new.dtype.is_floating:
-      means.append((k, new))
+      merged[k] = lax.all_gather(value, axis_name)[0]
+    elif value.dtype.is_floating:
+      means.append(k)
     else:
-      merged[k] = lax.pmax(new, axis_name)
-  if sums:
-    for (k, _), total in zip(sums, lax.psum([d for _, d in sums], axis_name)):
-      merged[k] = old_values[k] + total
-  if means:
-    for (k, _), mean in zip(means, lax.pmean([v for _, v in means],
-                                             axis_name)):
-      merged[k] = mean
+      merged[k] = lax.pmax(value, axis_name)
+  for kind, reduce in ((sums, lax.psum), (means, lax.pmean)):
+    if kind:
+      for k, total in zip(kind, reduce([values[k] for k in kind], axis_name)):
+        merged[k] = total
   return merged
 
 
@@ -310,7 +317,12 @@ def _flat_logs(logs):
 
 
 def _logs(model, raw_logs, metrics, axis_name):
-  """The step's logs: a metric's result over the merged state, else a mean."""
+  """The step's logs, the same on every device.
+
+  A log named after a metric is its result over the merged state; another
+  float is the devices' mean, as Keras reduces a replica's logs under
+  MirroredStrategy; anything else is the first device's.
+  """
   with keras.StatelessScope(
       state_mapping=list(zip(model.metrics_variables, metrics))):
     results = model.get_metrics_result()
@@ -318,35 +330,37 @@ def _logs(model, raw_logs, metrics, axis_name):
   for name, value in _flat_logs(raw_logs).items():
     if name in results:
       logs[name] = results[name]
-    else:
-      value = tf.convert_to_tensor(value)
-      logs[name] = (lax.pmean(value, axis_name) if value.dtype.is_floating
-                    else value)
+      continue
+    value = tf.convert_to_tensor(value)
+    logs[name] = (lax.pmean(value, axis_name) if value.dtype.is_floating
+                  else lax.all_gather(value, axis_name)[0])
   return logs
 
 
-def _run(model, step, data, variables, values, axis_name, devices):
+def _run(model, step, data, variables, values, axis_name, num_devices,
+         training):
   """Runs `step(data)` with `variables` holding `values` (lists by part).
 
   Returns:
-    The values the step left in each part's variables (None where it
-    assigned none) and the step's logs.
+    The values the step left in each part's variables, and its logs.
   """
   mapping = [pair for part in zip(variables, values) for pair in zip(*part)]
-  training = step == model.train_step
-  with contextlib.ExitStack() as stack:
+  with _trace_lock, contextlib.ExitStack() as stack:
     if training:
       # Finds each variable's slots while its value is still the variable's.
       stack.enter_context(_keras_internal.stateless_optimizer(
           model.optimizer))
-    scope = stack.enter_context(keras.StatelessScope(state_mapping=mapping))
-    carried = {id(v): scope.get_current_value(v) for v in variables[0]}
-    stack.enter_context(_tracing(devices, carried))
+    scope = stack.enter_context(keras.StatelessScope(
+        state_mapping=mapping, collect_losses=True))
+    carried = {id(v): scope.get_current_value(v)
+               for part in variables for v in part}
+    stack.enter_context(_tracing(_Trace(
+        num_devices, carried, [carried[id(v)] for v in variables[0]])))
     if training:
       stack.enter_context(_combining_apply(model.optimizer, scope, axis_name))
     stack.enter_context(_other_optimizers_refused(model, step))
     raw_logs = step(data)
-  _check_only_carried_assigned(model, step, scope, variables)
+    _check_only_carried_assigned(model, step, scope, variables)
   return [[scope.get_current_value(v) for v in part]
           for part in variables], raw_logs
 
@@ -380,7 +394,7 @@ def _all_keras_variables(model):
   return found
 
 
-def train_step(model, state, data, axis_name, devices):
+def train_step(model, state, data, axis_name, num_devices):
   """The model's own `train_step` on this device's rows of a global batch.
 
   Args:
@@ -389,7 +403,7 @@ def train_step(model, state, data, axis_name, devices):
       order of the model's and optimizer's variable lists.
     data: This device's rows, as Keras gives them to `train_step`.
     axis_name: The pmap axis the batch is split over.
-    devices: How many devices the batch is split over.
+    num_devices: How many devices the batch is split over.
 
   Returns:
     `(state, logs)`: the state after every device's step, the same on each
@@ -401,49 +415,43 @@ def train_step(model, state, data, axis_name, devices):
                list(model.non_trainable_variables),
                list(model.optimizer.variables), list(model.metrics_variables))
   seeded = _keras_step.per_device_seeds(non_trainable, seeds, 1, axis_name)
-  new, raw_logs = _run(model, model.train_step, data, variables,
-                       (trainable, seeded, optimizer_values, metrics),
-                       axis_name, devices)
+  new, raw_logs = _run(
+      model, model.train_step, data, variables,
+      (trainable, seeded, optimizer_values,
+       _first_device_only(variables[3], metrics, axis_name)),
+      axis_name, num_devices, training=True)
   # The optimizer's updates come from the summed gradients: the same on
   # every device, as they are kept.
-  trainable = [old if value is None else value
-               for old, value in zip(trainable, new[0])]
-  optimizer_values = [old if value is None else value
-                      for old, value in zip(optimizer_values, new[2])]
-  moved_back = _keras_step.per_device_seeds(
-      [old if value is None else value
-       for old, value in zip(seeded, new[1])], seeds, -1, axis_name)
-  non_trainable = _merged(
-      variables[1], non_trainable,
-      [None if k in seeds else value for k, value in enumerate(moved_back)],
-      axis_name)
+  trainable, optimizer_values = new[0], new[2]
+  moved_back = _keras_step.per_device_seeds(new[1], seeds, -1, axis_name)
+  non_trainable = _merged(variables[1], moved_back, axis_name)
   # Moved back, every device's seed state is the same; the pmin tells
   # tfspmd so.
   for k in seeds:
     non_trainable[k] = lax.pmin(moved_back[k], axis_name)
-  metrics = _merged(variables[3], metrics, new[3], axis_name)
+  metrics = _merged(variables[3], new[3], axis_name)
   return ((trainable, non_trainable, optimizer_values, metrics),
           _logs(model, raw_logs, metrics, axis_name))
 
 
 def test_step(model, trainable, non_trainable, metrics, data, axis_name,
-              devices):
+              num_devices):
   """The model's own `test_step`: `(metrics, logs)`, as `train_step`."""
   variables = (list(model.trainable_variables),
                list(model.non_trainable_variables), [],
                list(model.metrics_variables))
-  new, raw_logs = _run(model, model.test_step, data, variables,
-                       (trainable, non_trainable, [], metrics), axis_name,
-                       devices)
-  metrics = _merged(variables[3], metrics, new[3], axis_name)
+  new, raw_logs = _run(
+      model, model.test_step, data, variables,
+      (trainable, non_trainable, [],
+       _first_device_only(variables[3], metrics, axis_name)),
+      axis_name, num_devices, training=False)
+  metrics = _merged(variables[3], new[3], axis_name)
   return metrics, _logs(model, raw_logs, metrics, axis_name)
 
 
 def predict_step(model, trainable, non_trainable, data):
   """The model's own `predict_step` on this device's rows: its outputs."""
-  trainable_variables, non_trainable_variables = (
-      model.trainable_variables, model.non_trainable_variables)
-  mapping = list(zip(trainable_variables, trainable)) + list(
-      zip(non_trainable_variables, non_trainable))
+  mapping = list(zip(model.trainable_variables, trainable)) + list(
+      zip(model.non_trainable_variables, non_trainable))
   with keras.StatelessScope(state_mapping=mapping):
     return model.predict_step(data)

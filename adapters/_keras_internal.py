@@ -109,6 +109,22 @@ def loss_scaling_module():
   return module
 
 
+def variable_class_with_handle():
+  """The class of Keras' TensorFlow variables that defines `handle`.
+
+  A `tf.GradientTape` asks a variable for its resource handle to find its
+  reads.
+
+  Raises:
+    ImportError: If no class of `keras.Variable` defines it.
+  """
+  owner = next((cls for cls in keras.Variable.__mro__
+                if "handle" in vars(cls)), None)
+  if owner is None:
+    raise unsupported_keras_error(["keras.Variable.handle"])
+  return owner
+
+
 def import_private_classes(private_classes=PRIVATE_CLASSES):
   """Imports each private class and checks it has the attributes used.
 
@@ -289,6 +305,11 @@ def inner_optimizer(optimizer):
   if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
     return optimizer.inner_optimizer
   return optimizer
+
+
+def built_for(optimizer):
+  """The variables `optimizer` (a LossScaleOptimizer's inner one) updates."""
+  return list(inner_optimizer(optimizer)._trainable_variables)  # pylint: disable=protected-access
 
 
 @contextlib.contextmanager

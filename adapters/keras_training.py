@@ -595,7 +595,8 @@ class KerasTrainer:
     x, y, sample_weight, rows = _step_batches.unpack(batch)
     if _keras_internal.overrides_step(model, "train_step"):
       return _custom_step.train_step(
-          model, state, _custom_step.keras_data(x, y, sample_weight),
+          model, state,
+          keras.utils.pack_x_y_sample_weight(x, y, sample_weight),
           self.axis_name, len(self.devices) * tfspmd.process_count())
     seeds = _keras_internal.seed_state_positions(model)
     with tf.GradientTape() as tape:
@@ -646,8 +647,9 @@ class KerasTrainer:
   def _predict_step(self, trainable, non_trainable, batch):
     """One device's predictions for its rows of a global batch."""
     if _keras_internal.overrides_step(self.model, "predict_step"):
-      return _custom_step.predict_step(self.model, trainable, non_trainable,
-                                       batch["x"])
+      return _custom_step.predict_step(
+          self.model, trainable, non_trainable,
+          keras.utils.pack_x_y_sample_weight(batch["x"]))
     kwargs = {}
     if _keras_internal.call_has_training_arg(self.model):
       kwargs["training"] = False
@@ -661,8 +663,8 @@ class KerasTrainer:
     if _keras_internal.overrides_step(self.model, "test_step"):
       return _custom_step.test_step(
           self.model, trainable, non_trainable, metrics,
-          _custom_step.keras_data(x, y, sample_weight), self.axis_name,
-          len(self.devices) * tfspmd.process_count())
+          keras.utils.pack_x_y_sample_weight(x, y, sample_weight),
+          self.axis_name, len(self.devices) * tfspmd.process_count())
     loss, y_pred, _, output_losses = _keras_step.compiled_loss(
         self.model, trainable, non_trainable, metrics, x, y,
         _padded_rows.sample_weights_for_loss(sample_weight, rows,

@@ -250,3 +250,53 @@ def test_a_tape_imported_by_name_is_an_error_not_an_untrained_model():
       r"a tape other than tf.GradientTape\(\) asked for the gradient by a "
       r"model variable.*from tensorflow import GradientTape")):
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+
+
+class RegularizedModel(keras.Model):
+  """Has layer losses and resets a metric in every step."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.batch_mae = keras.metrics.MeanAbsoluteError(name="batch_mae")
+
+  def train_step(self, data):
+    x, y = data
+    with tf.GradientTape() as tape:
+      y_pred = self(x, training=True)
+      # compute_loss adds the layers' losses (the activity regularizer).
+      loss = self.compute_loss(y=y, y_pred=y_pred)
+    self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                         self.trainable_variables)
+    self.batch_mae.reset_state()
+    self.batch_mae.update_state(y, y_pred)
+    return {"batch_mae": self.batch_mae.result()}
+
+  @property
+  def metrics(self):
+    return [self.batch_mae]
+
+
+def regularized_model():
+  keras.utils.set_random_seed(2)
+  inputs = keras.Input((FEATURES,))
+  hidden = keras.layers.Dense(16, activation="relu",
+                              activity_regularizer="l2")(inputs)
+  model = RegularizedModel(inputs, keras.layers.Dense(1)(hidden))
+  model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+  return model
+
+
+def test_layer_losses_and_a_metric_reset_in_the_step_as_on_one_device():
+  # The activity regularizer's loss reaches the gradient, and a metric
+  # reset in every step reports that step's global batch alone, as one
+  # device's fit does.
+  x, y = data()
+  model = data_parallel(regularized_model())
+  history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                      verbose=0).history
+  reference = regularized_model()
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                           verbose=0).history
+  assert_same_weights(model, reference)
+  np.testing.assert_allclose(history["batch_mae"], expected["batch_mae"],
+                             rtol=1e-5)

@@ -137,9 +137,11 @@ def test_a_dtensor_split_over_an_axis_of_size_1_goes_in_as_it_is():
   value = dtensor.relayout(
       dtensor.copy_to_mesh(x, dtensor.Layout.replicated(mesh().dtensor_mesh,
                                                         2)), given)
-  out = tfspmd.shard_map(lambda b: b + tf.cast(lax.axis_index("dp"), b.dtype), mesh=mesh(),
-                         in_specs=P("fsdp", "dp"), out_specs=P("fsdp", "dp"))(
-                             value)
+  def plus_dp_index(block):
+    return block + tf.cast(lax.axis_index("dp"), block.dtype)
+
+  out = tfspmd.shard_map(plus_dp_index, mesh=mesh(), in_specs=P("fsdp", "dp"),
+                         out_specs=P("fsdp", "dp"))(value)
   np.testing.assert_array_equal(np.asarray(out), x)
   assert out.sharding.spec == P("fsdp", "dp")
 

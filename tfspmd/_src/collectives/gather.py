@@ -2,9 +2,9 @@
 
 Lowering: all_gather moves the stacked axis (split over the mesh dimension)
 to the gathered position and leaves the converter unstacked, relaid out
-whole on each device, so DTensor gathers it there; psum_scatter sums over the stacked axis and
-moves the scattered dimension to the front, where the result is split over
-the mesh dimension again (see docs/collectives.md for what DTensor made of
+whole on each device, so DTensor gathers it there; psum_scatter sums over
+the stacked axis and moves the scattered dimension to the front, where the
+result is split over the mesh dimension again (see docs/collectives.md for what DTensor made of
 each).
 """
 

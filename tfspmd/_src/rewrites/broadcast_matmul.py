@@ -46,7 +46,7 @@ def matmul_applies(operation):
 def convert_matmul(op_inputs):
   """The converter of a MatMul with an operand stacked over the mapped axis.
 
-  pfor's folds the mapped axis into the rows of the other operand's matmul
+  pfor's own folds the mapped axis into the rows of the other operand's matmul
   (`[n, rows, k] -> [n * rows, k]`). On a mesh of several dimensions that
   merges one mesh axis into the rows, which DTensor then lays out split over the
   outer mesh axis only; the gradient of a bias over a batch split over two

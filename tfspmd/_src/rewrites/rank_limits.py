@@ -248,7 +248,7 @@ def convert_same_shape_gradient(op_inputs):
   shape = next(v.tensor for v in values if v.stacked).shape.as_list()
   split = axis_env.split_leading_dims()
   if (len(shape) + len(axis_env.frames()) <= merged_dims.MAX_KERNEL_RANK or
-      not 1 <= split < len(shape)):
+      not 1 <= split < len(shape) - 1):
     return default(op_inputs)
   flat_shape = shape[:split] + [math.prod(shape[split:])]
   operands = []

@@ -88,16 +88,19 @@ def mesh_for_axes(dim_names, sizes, devices):
 def layout_on(key, spec):
   """The DTensor layout splitting each tensor axis over `spec`'s mesh dim.
 
-  Args:
-    key: The `MeshKey` of the mesh (or a tuple of its three fields).
-    spec: One entry per tensor axis: a mesh dimension name, or None (or
-      `dtensor.UNSHARDED`) where every device holds the whole axis.
-
   An axis split over a mesh dimension of size 1 is whole on every device,
   and is laid out so: DTensor tells the two layouts apart although they
   hold the same values, and refuses some ops (a Transpose) between them,
   which the gradient of a program on a mesh with size-1 axes (`dp` of an
   LLM's `('dp', 'fsdp', 'tp', 'sp')` mesh) would otherwise meet.
+
+  Args:
+    key: The `MeshKey` of the mesh (or a tuple of its three fields).
+    spec: One entry per tensor axis: a mesh dimension name, or None (or
+      `dtensor.UNSHARDED`) where every device holds the whole axis.
+
+  Returns:
+    A `dtensor.Layout` on `mesh_for_axes(*key)`.
   """
   dim_names, sizes, _ = key
   size_of = dict(zip(dim_names, sizes))
