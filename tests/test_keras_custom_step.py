@@ -103,11 +103,16 @@ def guide_model(optimizer="adam", **options):
                   **options)
 
 
+def fitted(model, x, y, **fit_options):
+  """`(model, history)` after `model.fit` on the data in its order."""
+  history = model.fit(x, y, verbose=0, shuffle=False, **fit_options).history
+  return model, history
+
+
 def fitted_under_mirrored_strategy(make, x, y, **fit_options):
   with mirrored.strategy().scope():
     model = make()
-  history = model.fit(x, y, verbose=0, shuffle=False, **fit_options).history
-  return model, history
+  return fitted(model, x, y, **fit_options)
 
 
 def assert_same_weights(model, reference, rtol=1e-5, atol=1e-6):
@@ -118,9 +123,8 @@ def assert_same_weights(model, reference, rtol=1e-5, atol=1e-6):
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_the_guides_train_step_gives_mirrored_strategys_numbers(optimizer):
   x, y = data()
-  model = data_parallel(guide_model(optimizer))
-  history = model.fit(x, y, batch_size=BATCH, epochs=3, shuffle=False,
-                      verbose=0).history
+  model, history = fitted(data_parallel(guide_model(optimizer)), x, y,
+                          batch_size=BATCH, epochs=3)
   reference, expected = fitted_under_mirrored_strategy(
       lambda: guide_model(optimizer), x, y, batch_size=BATCH, epochs=3)
   assert_same_weights(model, reference)
@@ -135,12 +139,10 @@ def test_the_guides_train_step_trains_as_fit_on_one_device():
   # loss Keras divides by the devices for the gradients' sum, as under
   # MirroredStrategy.
   x, y = data()
-  model = data_parallel(guide_model())
-  history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
-                      verbose=0).history
-  reference = guide_model()
-  expected = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
-                           verbose=0).history
+  model, history = fitted(data_parallel(guide_model()), x, y,
+                          batch_size=BATCH, epochs=2)
+  reference, expected = fitted(guide_model(), x, y, batch_size=BATCH,
+                               epochs=2)
   assert_same_weights(model, reference)
   np.testing.assert_allclose(history["mae"], expected["mae"], rtol=1e-5)
   np.testing.assert_allclose(np.asarray(history["loss"]) * 8,
@@ -152,9 +154,9 @@ def test_own_loss_metrics_test_step_and_predict_step_as_mirrored_strategy():
   # devices under a strategy, in training and in evaluation alike.
   x, y = data()
   validation = data(seed=5, rows=64)
-  model = data_parallel(model_of(OwnLossModel, "sgd"))
-  history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
-                      validation_data=validation, verbose=0).history
+  model, history = fitted(data_parallel(model_of(OwnLossModel, "sgd")), x, y,
+                          batch_size=BATCH, epochs=2,
+                          validation_data=validation)
   reference, expected = fitted_under_mirrored_strategy(
       lambda: model_of(OwnLossModel, "sgd"), x, y, batch_size=BATCH,
       epochs=2, validation_data=validation)
@@ -180,10 +182,9 @@ def test_own_loss_metrics_test_step_and_predict_step_as_mirrored_strategy():
 
 def test_several_steps_per_execution_of_an_own_train_step():
   x, y = data()
-  model = data_parallel(guide_model(steps_per_execution=4))
-  model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-  reference = guide_model()
-  reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+  model, _ = fitted(data_parallel(guide_model(steps_per_execution=4)), x, y,
+                    batch_size=BATCH, epochs=2)
+  reference, _ = fitted(guide_model(), x, y, batch_size=BATCH, epochs=2)
   assert_same_weights(model, reference)
 
 
@@ -192,8 +193,7 @@ def test_keras_trainer_runs_an_own_train_step_too():
   model = guide_model()
   keras_training.KerasTrainer(model).fit(x, y, batch_size=BATCH, epochs=2,
                                           shuffle=False, verbose=0)
-  reference = guide_model()
-  reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+  reference, _ = fitted(guide_model(), x, y, batch_size=BATCH, epochs=2)
   assert_same_weights(model, reference)
 
 
@@ -291,12 +291,10 @@ def test_layer_losses_and_a_metric_reset_in_the_step_as_on_one_device():
   # reset in every step reports that step's global batch alone, as one
   # device's fit does.
   x, y = data()
-  model = data_parallel(regularized_model())
-  history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
-                      verbose=0).history
-  reference = regularized_model()
-  expected = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
-                           verbose=0).history
+  model, history = fitted(data_parallel(regularized_model()), x, y,
+                          batch_size=BATCH, epochs=2)
+  reference, expected = fitted(regularized_model(), x, y, batch_size=BATCH,
+                               epochs=2)
   assert_same_weights(model, reference)
   np.testing.assert_allclose(history["batch_mae"], expected["batch_mae"],
                              rtol=1e-5)
