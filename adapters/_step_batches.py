@@ -64,8 +64,9 @@ def device_batches(dataset, num_devices, remainder, steps_per_call,
               f"can be dropped with dataset.batch(n, drop_remainder=True)).")
   return tf_data.DeviceBatches(
       dataset.map(keyed), num_devices=num_devices,
-      steps_per_call=steps_per_call, remainder="error", buffer_size=2,
-      process_index=None, process_count=None, undivided_advice=advice)
+      steps_per_call=steps_per_call, remainder="error",
+      buffer_size=tf_data.DEFAULT_BUFFER_SIZE, process_index=None,
+      process_count=None, undivided_advice=advice)
 
 
 def prediction_batches(dataset, num_devices):

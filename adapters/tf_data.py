@@ -28,13 +28,15 @@ import tfspmd
 from . import _placement
 
 _REMAINDER_POLICIES = ("error", "pad")
+# Batches placed ahead of the one in use: the next step's, and one more.
+DEFAULT_BUFFER_SIZE = 2
 
 
 def device_batches(dataset: tf.data.Dataset, *,
                    num_devices: int | None = None,
                    steps_per_call: int | None = None,
                    remainder: str = "error",
-                   buffer_size: int = 2,
+                   buffer_size: int = DEFAULT_BUFFER_SIZE,
                    process_index: int | None = None,
                    process_count: int | None = None) -> DeviceBatches:
   """Iterates a dataset of global batches as batches placed on the devices.
