@@ -32,6 +32,7 @@ from tfspmd._src.rewrites import new_axis
 from tfspmd._src.rewrites import per_position
 from tfspmd._src.rewrites import random_ops
 from tfspmd._src.rewrites import rank_limits
+from tfspmd._src.rewrites import scatters
 from tfspmd._src.rewrites import segment_reductions
 from tfspmd._src.rewrites import side_effects
 
@@ -62,12 +63,14 @@ def _routes() -> dict[str, tuple[Route, ...]]:
   add(["Slice"], dynamic_slices.convert_slice)
   add(["GatherV2"], dynamic_slices.convert_batched_gather,
       dynamic_slices.batched_gather_applies)
+  add(["GatherNd"], dynamic_slices.convert_gather_nd)
   add(["StridedSlice"], dynamic_slices.convert_strided_slice,
       dynamic_slices.strided_slice_applies)
   add(["StridedSlice"], new_axis.convert, new_axis.applies)
   add(["StridedSliceGrad"], new_axis.convert_gradient, new_axis.applies)
   add(random_ops.SEEDED, per_position.convert)
   add(segment_reductions.SEGMENT_TYPES, segment_reductions.convert)
+  add(scatters.SCATTER_TYPES, scatters.convert)
   add(sorted(rank_limits.BINARY), rank_limits.convert_binary)
   add(sorted(rank_limits.SAME_SHAPE_GRADIENTS),
       rank_limits.convert_same_shape_gradient)

@@ -207,3 +207,20 @@ def convert_batched_gather(op_inputs):
         params.tensor, 0, op_inputs.loop_size), True)
     op_inputs = tf_internal.with_inputs(op_inputs, values)
   return per_position.default_or_per_position(op_inputs)
+
+
+@_do_not_convert
+def convert_gather_nd(op_inputs):
+  """The converter of GatherNd (`converters`).
+
+  Indices that differ between devices into params that do not are one
+  gather of every position's indices from the params each device holds
+  whole (pfor takes only params that differ, and the per-position route
+  would gather the params onto every device once per position).
+  """
+  params, indices = op_inputs.input(0), op_inputs.input(1)
+  if indices.stacked and not params.stacked:
+    return [tf_internal.wrap_converted(
+        tf.gather_nd(params.tensor, indices.tensor), True)]
+  return per_position.default_or_per_position(op_inputs)
+

@@ -42,7 +42,9 @@ def give_fallback(operation):
 
 @_do_not_convert
 def default_or_per_position(op_inputs):
-  """pfor's converter, or this route where it refuses an input."""
+  """pfor's converter, or this route where it refuses an input or has none."""
+  if not tf_internal.has_default_pfor_converter(op_inputs.op.type):
+    return convert(op_inputs)
   try:
     return tf_internal.default_pfor_converter(op_inputs.op.type)(op_inputs)
   except Exception as e:  # pylint: disable=broad-except

@@ -1,0 +1,159 @@
+"""Scatters and gathers at indices that differ between devices.
+
+Each device scatters into (or gathers from) its own tensor at its own
+indices, as a program running on it would; the expectations are NumPy
+loops written here, device by device. An index outside the tensor drops
+its update, as in XLA and JAX.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfspmd
+from tfspmd._src.core import route_log
+
+N = 8
+
+
+def numpy_scatter(kind, tensor, indices, updates):
+  """One device's scatter, update by update in the order given."""
+  out = tensor.copy()
+  depth = indices.shape[-1]
+  rows = updates.reshape((-1,) + tensor.shape[depth:])
+  for index, row in zip(indices.reshape(-1, depth), rows):
+    if any(i < 0 or i >= d for i, d in zip(index, tensor.shape)):
+      continue
+    at = tuple(index)
+    if kind in ("add", "scatter_nd"):
+      out[at] = out[at] + row
+    elif kind == "sub":
+      out[at] = out[at] - row
+    elif kind == "max":
+      out[at] = np.maximum(out[at], row)
+    elif kind == "min":
+      out[at] = np.minimum(out[at], row)
+    else:
+      out[at] = row
+  return out
+
+
+SCATTERS = {
+    "add": tf.tensor_scatter_nd_add,
+    "sub": tf.tensor_scatter_nd_sub,
+    "max": tf.tensor_scatter_nd_max,
+    "min": tf.tensor_scatter_nd_min,
+    "update": tf.tensor_scatter_nd_update,
+}
+
+
+def per_device_indices(shape, count, depth, seed):
+  """Each device's indices: repeats within a device, some out of range."""
+  rng = np.random.default_rng(seed)
+  indices = np.stack([rng.integers(0, shape[axis], size=(N, count))
+                      for axis in range(depth)], axis=-1).astype(np.int32)
+  indices[1, 0] = indices[1, 1]      # two updates to one element
+  indices[2, 0, 0] = shape[0]        # past the end: dropped
+  indices[3, 1, -1] = -1             # negative: dropped, not wrapped
+  return indices
+
+
+@pytest.mark.parametrize("kind", sorted(SCATTERS))
+@pytest.mark.parametrize("shape,depth", [((6,), 1), ((5, 3), 1),
+                                         ((4, 5), 2), ((3, 4, 2), 2)])
+def test_tensor_scatter_at_per_device_indices(kind, shape, depth):
+  rng = np.random.default_rng(len(shape) * 10 + depth)
+  tensor = rng.standard_normal((N,) + shape).astype(np.float32)
+  indices = per_device_indices(shape, 4, depth, seed=depth)
+  updates = rng.standard_normal((N, 4) + shape[depth:]).astype(np.float32)
+  scatter = SCATTERS[kind]
+  with route_log.recording() as routes:
+    got = np.asarray(tfspmd.pmap(scatter)(tensor, indices, updates))
+  # Each device's own ops: nothing copied once per position.
+  assert route_log.PER_POSITION not in routes, routes
+  want = np.stack([numpy_scatter(kind, t, i, u)
+                   for t, i, u in zip(tensor, indices, updates)])
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_updates_to_one_element_take_the_last_given():
+  indices = np.zeros((N, 3, 1), np.int32)
+  updates = np.arange(N * 3, dtype=np.float32).reshape(N, 3)
+  got = np.asarray(tfspmd.pmap(
+      lambda i, u: tf.tensor_scatter_nd_update(tf.zeros([4]), i, u))(
+          indices, updates))
+  np.testing.assert_array_equal(got[:, 0], updates[:, -1])
+  np.testing.assert_array_equal(got[:, 1:], 0)
+
+
+def test_scatter_nd_at_per_device_indices_adds_repeats():
+  indices = per_device_indices((5, 2), 6, 2, seed=3)
+  updates = np.arange(N * 6, dtype=np.int32).reshape(N, 6)
+  got = np.asarray(tfspmd.pmap(
+      lambda i, u: tf.scatter_nd(i, u, [5, 2]))(indices, updates))
+  want = np.stack([numpy_scatter("scatter_nd", np.zeros((5, 2), np.int32),
+                                 i, u) for i, u in zip(indices, updates)])
+  np.testing.assert_array_equal(got, want)
+
+
+def test_max_with_infinite_updates_and_a_nan_left_alone():
+  tensor = np.zeros((N, 4), np.float32)
+  tensor[:, 3] = np.nan
+  indices = np.tile(np.array([[0], [1], [1]], np.int32), (N, 1, 1))
+  updates = np.tile(np.array([-np.inf, np.inf, 2.], np.float32), (N, 1))
+  got = np.asarray(tfspmd.pmap(tf.tensor_scatter_nd_max)(
+      tensor, indices, updates))
+  np.testing.assert_array_equal(got[:, :3],
+                                np.tile([0., np.inf, 0.], (N, 1)))
+  assert np.isnan(got[:, 3]).all()
+
+
+def test_a_scatter_into_a_large_tensor_takes_the_op_itself():
+  # 2,000 updates into 1,000 elements is past the comparison's size.
+  rng = np.random.default_rng(5)
+  indices = rng.integers(0, 1000, size=(N, 2000, 1)).astype(np.int32)
+  updates = rng.standard_normal((N, 2000)).astype(np.float32)
+  got = np.asarray(tfspmd.pmap(
+      lambda i, u: tf.tensor_scatter_nd_add(tf.zeros([1000]), i, u))(
+          indices, updates))
+  want = np.stack([numpy_scatter("add", np.zeros(1000, np.float32), i, u)
+                   for i, u in zip(indices, updates)])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_gather_nd_of_shared_params_at_per_device_indices():
+  params = np.arange(24, dtype=np.float32).reshape(4, 3, 2)
+  indices = np.random.default_rng(2).integers(
+      0, 3, size=(N, 5, 2)).astype(np.int32)
+  with route_log.recording() as routes:
+    got = np.asarray(tfspmd.pmap(
+        lambda i: tf.gather_nd(tf.constant(params), i))(indices))
+  assert route_log.PER_POSITION not in routes, routes
+  want = np.stack([params[i[:, 0], i[:, 1]] for i in indices])
+  np.testing.assert_array_equal(got, want)
+
+
+def test_scatter_in_a_per_device_loop_draws_each_devices_pixels():
+  # The Lorenz colab's drawing: a loop with per-device bounds lighting one
+  # pixel a pass, in a branch taken on some devices.
+  lower = np.array([0, 2, 5, 1, 0, 3, 7, 4], np.int32)
+  upper = np.array([3, 2, 9, 6, 1, 8, 9, 4], np.int32)
+
+  def draw(lo, hi):
+    def body(x, image):
+      return x + 1, tf.tensor_scatter_nd_add(
+          image, tf.stack([x, x % 3])[None], [tf.cast(x, tf.float32)])
+    return tf.cond(
+        lo < hi,
+        lambda: tf.while_loop(lambda x, _: x < hi, body,
+                              (lo, tf.zeros([10, 3])))[1],
+        lambda: tf.fill([10, 3], -1.))
+
+  got = np.asarray(tfspmd.pmap(draw)(lower, upper))
+  want = np.zeros((N, 10, 3), np.float32)
+  for d in range(N):
+    if lower[d] >= upper[d]:
+      want[d] = -1.
+    for x in range(lower[d], upper[d]):
+      want[d, x, x % 3] += x
+  np.testing.assert_array_equal(got, want)

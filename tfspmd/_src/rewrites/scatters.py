@@ -1,0 +1,146 @@
+"""Scatters at indices that differ between devices, as each device's own op.
+
+pfor maps a `tf.tensor_scatter_nd_*` with per-device indices only by
+scattering into the stacked tensor at indices that name the position too,
+or not at all, and the per-position route copies the op once per device
+on inputs gathered onto every device: under DTensor each such scatter is
+a collective, and a loop that draws pixels one by one (the Lorenz colab's
+Wu lines) spends its time in them. Where the tensor is small, each
+position's scatter is instead a comparison of its linear indices with
+every element's and a reduction over the updates: ops on each device's
+own rows, which DTensor keeps local.
+
+As in XLA and JAX (and tfspmd's programs run under XLA), an index outside
+the tensor drops its update; a negative coordinate too, rather than reach
+another element through the linear index.
+"""
+
+import tensorflow as tf
+
+from tfspmd._src.core import static_values
+from tfspmd._src.core import tf_internal
+from tfspmd._src.rewrites import per_position
+from tfspmd._src.runtime import axis_env
+
+_do_not_convert = tf.autograph.experimental.do_not_convert
+
+SCATTER_TYPES = ("ScatterNd", "TensorScatterAdd", "TensorScatterSub",
+                 "TensorScatterUpdate", "TensorScatterMax", "TensorScatterMin")
+
+# The most elements, per position, of the comparison of every update with
+# every element of the tensor; past it, the op's own route.
+_COMPARISON_LIMIT = 1 << 20
+
+
+@_do_not_convert
+def convert(op_inputs):
+  """The converter of the scatter ops (`converters`)."""
+  operation = op_inputs.op
+  if operation.type == "ScatterNd":
+    indices_at, updates_at = 0, 1
+  else:
+    indices_at, updates_at = 1, 2
+  base = _base(op_inputs)
+  indices = op_inputs.input(indices_at)
+  updates = op_inputs.input(updates_at)
+  if base is None or not indices.stacked:
+    return per_position.default_or_per_position(op_inputs)
+  size = op_inputs.loop_size
+  indices = indices.tensor
+  dims = base.shape.as_list()[1:]
+  depth = indices.shape[-1]
+  if (not indices.shape.is_fully_defined() or None in dims or
+      axis_env.split_leading_dims() > 1):
+    return per_position.default_or_per_position(op_inputs)
+  count = indices.shape[1:-1].num_elements()
+  targets = _product(dims[:depth])
+  row = _product(dims[depth:])
+  if count * targets * row > _COMPARISON_LIMIT:
+    return per_position.default_or_per_position(op_inputs)
+  updates = tf.reshape(op_inputs.stacked_input(updates_at),
+                       [size, count, 1, row])
+  hits = _hits(tf.reshape(indices, [size, count, depth]), dims[:depth])
+  flat = tf.reshape(base, [size, targets, row])
+  result = _COMBINE[operation.type](flat, hits, updates)
+  return [tf_internal.wrap_converted(tf.reshape(result, base.shape), True)]
+
+
+def _base(op_inputs):
+  """The stacked tensor scattered into, or None if its shape is not static."""
+  if op_inputs.op.type != "ScatterNd":
+    return op_inputs.stacked_input(0)
+  shape = op_inputs.input(2)
+  known = static_values.value(shape.tensor)
+  if shape.stacked or known is None:
+    return None
+  return tf.zeros([op_inputs.loop_size] + [int(d) for d in known],
+                  op_inputs.inputs()[1].tensor.dtype)
+
+
+def _product(dims):
+  total = 1
+  for d in dims:
+    total *= d
+  return total
+
+
+def _hits(indices, dims):
+  """[n, count, targets, 1]: whether update k of position p lands on element t."""
+  strides = [_product(dims[axis + 1:]) for axis in range(len(dims))]
+  inside = tf.reduce_all(
+      tf.logical_and(indices >= 0, indices < tf.constant(dims, indices.dtype)),
+      axis=-1)
+  linear = tf.reduce_sum(indices * tf.constant(strides, indices.dtype),
+                         axis=-1)
+  linear = tf.where(inside, linear, -tf.ones_like(linear))
+  every = tf.range(_product(dims), dtype=indices.dtype)
+  return tf.equal(linear[:, :, None], every)[..., None]
+
+
+def _landed(hits, updates, empty):
+  """[n, count, targets, row]: each update where it lands, `empty` elsewhere."""
+  return tf.where(hits, updates, tf.constant(empty, updates.dtype))
+
+
+def _add(flat, hits, updates):
+  return flat + tf.reduce_sum(_landed(hits, updates, 0), axis=1)
+
+
+def _sub(flat, hits, updates):
+  return flat - tf.reduce_sum(_landed(hits, updates, 0), axis=1)
+
+
+def _extreme(reduce, combine, empty_of):
+  def combined(flat, hits, updates):
+    empty = empty_of(updates.dtype)
+    extreme = reduce(_landed(hits, updates, empty), axis=1)
+    return tf.where(tf.reduce_any(hits, axis=1), combine(flat, extreme), flat)
+  return combined
+
+
+def _lowest(dtype):
+  return float("-inf") if dtype.is_floating else dtype.min
+
+
+def _highest(dtype):
+  return float("inf") if dtype.is_floating else dtype.max
+
+
+def _update(flat, hits, updates):
+  # Of several updates to one element, the last one given, as on one device.
+  count = hits.shape[1]
+  order = tf.reshape(tf.range(1, count + 1), [1, count, 1, 1])
+  last = tf.reduce_max(tf.where(hits, order, 0), axis=1)[..., 0]
+  chosen = tf.gather(updates[:, :, 0, :], tf.maximum(last - 1, 0),
+                     batch_dims=1)
+  return tf.where(last[..., None] > 0, chosen, flat)
+
+
+_COMBINE = {
+    "ScatterNd": _add,
+    "TensorScatterAdd": _add,
+    "TensorScatterSub": _sub,
+    "TensorScatterUpdate": _update,
+    "TensorScatterMax": _extreme(tf.reduce_max, tf.maximum, _lowest),
+    "TensorScatterMin": _extreme(tf.reduce_min, tf.minimum, _highest),
+}
