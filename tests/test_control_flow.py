@@ -689,3 +689,71 @@ def test_the_gradient_of_a_softmax_over_an_inner_axis_in_a_scan():
   out = run(gradient, x, w, in_axes=(0, None))
   np.testing.assert_allclose(out, np.stack([one_device(v) for v in x]),
                              rtol=1e-3, atol=1e-4)
+
+
+# A loop that counts (`lax.fori_loop` with per-device bounds): each device
+# runs its own passes, in every form of the comparison.
+COUNTING_LOOPS = {
+    "i < n": (lambda i, n: i < n, lambda i: i + 1, range),
+    "n > i": (lambda i, n: n > i, lambda i: 1 + i, range),
+    "i <= n": (lambda i, n: i <= n, lambda i: i + 1,
+               lambda lo, hi: range(lo, hi + 1)),
+    "i < n by 3": (lambda i, n: i < n, lambda i: i + 3,
+                   lambda lo, hi: range(lo, hi, 3)),
+    "i > n down": (lambda i, n: i > n, lambda i: i - 1,
+                   lambda lo, hi: range(lo, hi, -1)),
+    "i >= n down by 2": (lambda i, n: i >= n, lambda i: i - 2,
+                         lambda lo, hi: range(lo, hi - 1, -2)),
+}
+
+
+@pytest.mark.parametrize("form", sorted(COUNTING_LOOPS))
+def test_a_counting_loop_runs_each_devices_own_passes(form):
+  keep_going, step, passes = COUNTING_LOOPS[form]
+  start = np.array([0, 3, 9, 2, 5, 5, 1, 7], np.int32)
+  bound = np.array([4, 3, 0, 9, 6, 1, 8, 2], np.int32)
+  x = data(2)
+
+  def loop(i, n, v):
+    return tf.while_loop(
+        lambda i, total, v: keep_going(i, n),
+        lambda i, total, v: (step(i), total + i, v * 0.5 + tf.cast(i, v.dtype)),
+        (i, tf.constant(0), v))
+
+  counter, total, value = run(loop, start, bound, x)
+  for d in range(N):
+    visited = list(passes(int(start[d]), int(bound[d])))
+    want_value = x[d]
+    for i in visited:
+      want_value = want_value * 0.5 + i
+    assert total[d] == sum(visited), (form, d)
+    assert counter[d] == (step(visited[-1]) if visited else start[d])
+    np.testing.assert_allclose(value[d], want_value, rtol=1e-6)
+
+
+def test_a_counting_loop_with_a_constant_bound_and_per_device_start():
+  start = np.arange(N, dtype=np.int32) - 2
+  out = run(lambda i: tf.while_loop(
+      lambda i, s: i < 5, lambda i, s: (i + 1, s + i * i), (i, 0))[1], start)
+  np.testing.assert_array_equal(
+      out, [sum(k * k for k in range(s, 5)) for s in start])
+
+
+@pytest.mark.parametrize("counting", [True, False])
+def test_a_loop_in_a_branch_a_device_does_not_take_runs_no_passes(counting):
+  # Where the branch is not taken the bound is endless; the devices that
+  # take it stop after their own passes.
+  bound = np.where(np.arange(N) < 4, np.arange(N) + 1, 2 ** 31 - 1).astype(
+      np.float32 if not counting else np.int32)
+
+  def f(n):
+    if counting:
+      loop = lambda: tf.while_loop(lambda i, s: i < n,
+                                   lambda i, s: (i + 1, s + 1), (0, 0))[1]
+    else:
+      loop = lambda: tf.while_loop(
+          lambda x, s: x < n, lambda x, s: (x + 1., s + 1),
+          (tf.constant(0.), 0))[1]
+    return tf.cond(lax.axis_index("i") < 4, loop, lambda: -1)
+
+  np.testing.assert_array_equal(run(f, bound), [1, 2, 3, 4, -1, -1, -1, -1])

@@ -40,6 +40,7 @@ from tfspmd._src.core import stacking
 from tfspmd._src.core import static_values
 from tfspmd._src.core import tf_internal
 from tfspmd._src.rewrites import branch_slices
+from tfspmd._src.rewrites import counted_loops
 from tfspmd._src.rewrites import dtensor_rewrites
 from tfspmd._src.rewrites import lane_guards
 from tfspmd._src.rewrites import shape_folding
@@ -517,12 +518,18 @@ def _run_loop(operation, cond_graph, stacked, per_device, init, size,
                     _shape_invariants(operation, stacked, size, init),
                     shapes)]
   iterations = operation.get_attr("parallel_iterations")
+  counting = counted_loops.counting_form(
+      cond_graph, tf_internal.function_graph(operation, "body")) if (
+          per_device) else None
   if not per_device:
     final = tf.while_loop(
         lambda *state: tf.reshape(convert(cond_graph, state)[0].tensor, []),
         lambda *state: body_outputs(state), init,
         shape_invariants=invariants, parallel_iterations=iterations)
     final = list(final) if isinstance(final, (list, tuple)) else [final]
+  elif counting is not None:
+    final = _run_counted_loop(counting, stacked, init, size, body_outputs,
+                              invariants, iterations)
   else:
     def body(running, *state):
       with lane_guards.reached_where(running):
@@ -533,12 +540,52 @@ def _run_loop(operation, cond_graph, stacked, per_device, init, size,
           running, tf.cast(convert(cond_graph, updated)[0].tensor, tf.bool))
       return [still] + updated
 
-    running = tf.cast(convert(cond_graph, init)[0].tensor, tf.bool)
+    running = _where_reached(
+        tf.cast(convert(cond_graph, init)[0].tensor, tf.bool), False)
     final = tf.while_loop(
         lambda running, *_: tf.reduce_any(running), body, [running] + init,
         shape_invariants=[running.shape] + invariants,
         parallel_iterations=iterations)[1:]
   return final
+
+
+def _where_reached(value, elsewhere):
+  """`value` at the positions that reach the loop, `elsewhere` at the rest.
+
+  A position an enclosing branch or loop does not reach runs none of the
+  loop's passes: its values there are dropped, and a bound computed from
+  them may be anything.
+  """
+  reached = lane_guards.reached()
+  if reached is None:
+    return value
+  return tf.where(reached, value, tf.constant(elsewhere, value.dtype))
+
+
+def _run_counted_loop(counting, stacked, init, size, body_outputs, invariants,
+                      iterations):
+  """A per-device loop that counts: one reduction for every device's passes.
+
+  Each position runs its own trip count (`counted_loops`); the loop runs
+  the most any position needs, which one reduction before it finds,
+  instead of one after every pass.
+  """
+  trips = tf.broadcast_to(
+      _where_reached(counted_loops.trip_counts(counting, init), 0), [size])
+  passes = tf.reduce_max(trips)
+
+  def body(done, *state):
+    running = done < trips
+    with lane_guards.reached_where(running):
+      outputs = body_outputs(state)
+    return [done + 1] + [_select(running, new, old) if s else new
+                         for new, old, s in zip(outputs, state, stacked)]
+
+  done = tf.zeros([], trips.dtype)
+  return tf.while_loop(
+      lambda done, *_: done < passes, body, [done] + init,
+      shape_invariants=[done.shape] + invariants,
+      parallel_iterations=iterations)[1:]
 
 
 def _shape_invariants(operation, stacked, size, init):

@@ -81,6 +81,11 @@ def vectorizing():
       _state.masks = saved
 
 
+def reached():
+  """Where the ops converted now are reached: a bool mask, or None for everywhere."""
+  return _masks()[-1]
+
+
 @contextlib.contextmanager
 def reached_where(mask):
   """Ops converted within are reached only where `mask` holds.
