@@ -139,3 +139,42 @@ def test_a_shard_map_built_in_each_call_traces_once():
                            devices=tfspmd.devices()[::-1])
   np.testing.assert_array_equal(step(x, on=other), row_sums)
   assert len(traces) == 4
+
+
+def test_a_pmap_built_in_each_call_traces_once():
+  # `pmap(f)(x)` written anew each time (in a loop, or in a step function)
+  # keeps its traces, as jax.pmap's cache keyed on the function does.
+  traces = []
+
+  def f(x, scale):
+    traces.append(tuple(x.shape))
+    return x * scale
+
+  x = np.arange(16, dtype=np.float32).reshape(8, 2)
+  for _ in range(3):
+    out = tfspmd.pmap(f, "i", in_axes=(0, None))(x, 2.)
+    np.testing.assert_array_equal(np.asarray(out), x * 2)
+  assert len(traces) == 1
+  assert tfspmd.pmap(f, "i", in_axes=(0, None)) is tfspmd.pmap(
+      f, "i", in_axes=(0, None))
+  # Other arguments are another pmap; trees of axes count by structure.
+  np.testing.assert_array_equal(
+      np.asarray(tfspmd.pmap(f, "j", in_axes=(0, None))(x, 2.)), x * 2)
+  assert len(traces) == 2
+  listed = tfspmd.pmap(f, "i", in_axes=[0, None])
+  assert listed is tfspmd.pmap(f, "i", in_axes=[0, None])
+  assert listed is not tfspmd.pmap(f, "i", in_axes=(0, None))
+
+
+def test_a_pmap_of_an_unhashable_callable_is_not_shared():
+
+  class Scale:
+    __hash__ = None
+
+    def __call__(self, x):
+      return x * 3.
+
+  scale = Scale()
+  assert tfspmd.pmap(scale) is not tfspmd.pmap(scale)
+  np.testing.assert_array_equal(np.asarray(tfspmd.pmap(scale)(np.ones(8))),
+                                np.full(8, 3.))

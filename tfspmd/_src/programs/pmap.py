@@ -37,6 +37,7 @@ from tfspmd._src.programs import pmap_trace
 from tfspmd._src.programs.debug import call as debug_call
 from tfspmd._src.runtime import axis_env
 from tfspmd._src.runtime import devices as devices_lib
+from tfspmd._src.trees import tree
 
 
 class PmappedFunction:
@@ -296,8 +297,40 @@ def pmap(
         static_broadcasted_argnums=static_broadcasted_argnums,
         devices=devices, backend=backend, axis_size=axis_size,
         donate_argnums=donate_argnums, steps=steps, debug=debug)
-  return PmappedFunction(pmap_options.checked_options(
-      fun, axis_name=axis_name, in_axes=in_axes, out_axes=out_axes,
-      static_broadcasted_argnums=static_broadcasted_argnums, devices=devices,
-      backend=backend, axis_size=axis_size, donate_argnums=donate_argnums,
-      steps=steps, debug=debug))
+  return _shared(
+      (fun, axis_name, in_axes, out_axes, static_broadcasted_argnums, devices,
+       backend, axis_size, donate_argnums, steps, debug),
+      lambda: PmappedFunction(pmap_options.checked_options(
+          fun, axis_name=axis_name, in_axes=in_axes, out_axes=out_axes,
+          static_broadcasted_argnums=static_broadcasted_argnums,
+          devices=devices, backend=backend, axis_size=axis_size,
+          donate_argnums=donate_argnums, steps=steps, debug=debug)))
+
+
+# The pmaps made lately, by function and arguments: code that calls
+# `pmap(f)(x)` afresh each time (in a loop, or inside a step function)
+# reuses the first one's traces and compiled programs, as jax.pmap's cache,
+# keyed on the function, does; it would otherwise trace and compile on
+# every call.
+_RECENT = lru.LRUCache(lru.TRACE_CACHE_SIZE)
+
+
+def _shared(arguments, make):
+  """The pmap `make()` gives, shared by calls with equal `arguments`.
+
+  Trees of axes (and the list of devices) count by their structure and
+  leaves. Arguments that cannot be hashed (a function object that cannot)
+  are not shared.
+  """
+  try:
+    fun, *rest = arguments
+    key = (fun,) + tuple((treedef, tuple(leaves)) for leaves, treedef in (
+        tree.flatten(value) for value in rest))
+    hash(key)
+  except TypeError:
+    return make()
+  found = _RECENT.get(key)
+  if found is None:
+    found = make()
+    _RECENT.put(key, found)
+  return found
