@@ -329,3 +329,70 @@ def test_jax_enable_x64_is_tfspmds_x64_switch():
     assert tfspmd.pmap(lambda x: x)(np.ones(2)).dtype == tf.float32
   finally:
     tfspmd.config.update("jax_enable_x64", True)
+
+
+@pytest.mark.parametrize("spec", [P("x"), P(None, "y"), P("y", "x"),
+                                  P(("x", "y")), P(("y", "x"), None), P()])
+def test_devices_indices_map_gives_each_devices_block(spec):
+  mesh = tfspmd.make_mesh((4, 2), ("x", "y"))
+  sizes = {"x": 4, "y": 2}
+  indices = NamedSharding(mesh, spec).devices_indices_map((8, 4))
+  assert list(indices) == list(mesh.devices.flat)
+  for (i, j), device in np.ndenumerate(mesh.devices):
+    at = {"x": i, "y": j}
+    want = []
+    for dimension, size in enumerate((8, 4)):
+      axes = spec[dimension] if dimension < len(spec) else None
+      axes = (axes,) if isinstance(axes, str) else (axes or ())
+      block, count = 0, 1
+      for name in axes:  # the first name major, as in JAX
+        block, count = block * sizes[name] + at[name], count * sizes[name]
+      length = size // count
+      want.append(slice(None) if not axes else
+                  slice(block * length, (block + 1) * length))
+    assert indices[device] == tuple(want), (spec, device)
+  # One process: every device is addressable.
+  assert NamedSharding(mesh, spec).addressable_devices_indices_map(
+      (8, 4)) == indices
+  assert mesh.local_devices == list(mesh.devices.flat)
+
+
+def test_devices_indices_map_refuses_a_shape_the_spec_does_not_divide():
+  sharding = NamedSharding(tfspmd.make_mesh((4, 2), ("x", "y")), P("x"))
+  with pytest.raises(ValueError, match="does not evenly divide its size 6"):
+    sharding.devices_indices_map((6, 2))
+
+
+def test_addressable_data_is_each_devices_block_and_checks_its_index():
+  x = np.arange(16, dtype=np.float32).reshape(8, 2)
+  out = tfspmd.device_put(x, NamedSharding(tfspmd.make_mesh((8,), ("x",)),
+                                           P("x")))
+  for k in range(8):
+    np.testing.assert_array_equal(out.addressable_data(k), x[k:k + 1])
+  with pytest.raises(IndexError, match=r"`index` must be an int in \[0, 8\)"):
+    out.addressable_data(8)
+
+
+def test_dynamic_slice_clamps_its_starts_as_jax():
+  x = np.arange(30).reshape(5, 6)
+  for starts in [(0, 0), (4, 5), (-2, 3), (2, 1)]:
+    clamped = [min(max(s, 0), d - z) for s, d, z in zip(starts, (5, 6), (2, 3))]
+    np.testing.assert_array_equal(
+        lax.dynamic_slice(tf.constant(x), starts, (2, 3)),
+        x[clamped[0]:clamped[0] + 2, clamped[1]:clamped[1] + 3])
+  # One start per device, from axis_index: device k's block at 2k.
+  got = np.asarray(tfspmd.pmap(
+      lambda v: lax.dynamic_slice_in_dim(v, 2 * lax.axis_index("i"), 2),
+      "i", in_axes=None, axis_size=8)(np.arange(10)))
+  np.testing.assert_array_equal(
+      got, [np.arange(10)[min(2 * k, 8):min(2 * k, 8) + 2] for k in range(8)])
+
+
+def test_dynamic_slice_checks_its_sizes_and_axis():
+  x = tf.zeros((3, 4))
+  with pytest.raises(ValueError, match="one entry per dimension"):
+    lax.dynamic_slice(x, (0,), (1, 1))
+  with pytest.raises(ValueError, match=r"`slice_sizes`\[1\]=5 must lie in"):
+    lax.dynamic_slice(x, (0, 0), (1, 5))
+  with pytest.raises(ValueError, match="`axis`=2 is out of range"):
+    lax.dynamic_slice_in_dim(x, 0, 1, axis=2)

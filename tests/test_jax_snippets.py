@@ -501,8 +501,6 @@ def test_shard_map_notebook_out_specs_untile():
     np.testing.assert_array_equal(z, [[3.]])
 
 
-@pytest.mark.xfail(strict=True, reason="device_put takes no bare "
-                   "PartitionSpec under set_mesh (a NamedSharding does)")
 def test_shard_map_notebook_varying_values():
   mesh = tfspmd.make_mesh((2,), ('i',))
   tfspmd.set_mesh(mesh)

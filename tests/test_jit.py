@@ -218,3 +218,43 @@ def test_pmaps_inside_jit_run_over_the_functions_mesh(mesh):
       np.asarray(out), np.broadcast_to(
           blocks.sum(1, keepdims=True) + np.arange(2.)[:, None, None],
           blocks.shape))
+
+
+def test_a_sharding_constraint_lays_a_value_out_inside_jit(mesh):
+  x = np.arange(32, dtype=np.float32).reshape(8, 4)
+
+  @tfspmd.jit
+  def f(v):
+    h = lax.with_sharding_constraint(v * 2., P("model", "data"))
+    return lax.with_sharding_constraint(h + 1., NamedSharding(mesh, P()))
+
+  @tfspmd.jit
+  def g(v):
+    return {"h": lax.with_sharding_constraint(v * 2., P(None, "model"))}
+
+  with tfspmd.set_mesh(mesh):
+    out = f(x)
+    split = g(x)["h"]
+  np.testing.assert_array_equal(out, x * 2 + 1)
+  assert out.sharding == NamedSharding(mesh, P())
+  np.testing.assert_array_equal(split, x * 2)
+  assert split.sharding == NamedSharding(mesh, P(None, "model"))
+  # Outside jit it is device_put.
+  placed = lax.with_sharding_constraint(x, NamedSharding(mesh, P("data")))
+  assert placed.sharding == NamedSharding(mesh, P("data"))
+  np.testing.assert_array_equal(placed, x)
+
+
+def test_a_sharding_constraint_refuses_what_it_cannot_lay_out(mesh):
+  x = np.ones((8, 4), np.float32)
+  other = tfspmd.make_mesh((8,), ("i",))
+  for sharding, error, words in [
+      (NamedSharding(other, P("i")), ValueError, "jitted function runs on"),
+      (P(("data", "model")), ValueError, "over several mesh axes"),
+      ("data", TypeError, "must be a NamedSharding or a PartitionSpec")]:
+    with tfspmd.set_mesh(mesh), pytest.raises(error, match=words):
+      tfspmd.jit(lambda v, s=sharding: lax.with_sharding_constraint(v, s))(x)
+  with pytest.raises(ValueError, match="inside a pmap or shard_map"):
+    tfspmd.pmap(lambda v: lax.with_sharding_constraint(v, P()))(x)
+  with pytest.raises(TypeError, match="which needs a mesh: set one first"):
+    lax.with_sharding_constraint(x, P("data"))

@@ -1,4 +1,8 @@
-"""Named-axis collectives, as in `jax.lax`: use them inside a pmapped function."""
+"""Named-axis collectives, as in `jax.lax`: use them inside a pmapped function.
+
+With them, the `jax.lax` slicing ops per-device code slices its blocks with,
+and `with_sharding_constraint` for the values of a `tfspmd.jit` function.
+"""
 
 from collections.abc import Hashable
 from collections.abc import Sequence
@@ -17,7 +21,10 @@ from tfspmd._src.collectives.indexing import axis_index as axis_index
 from tfspmd._src.collectives.indexing import axis_size as axis_size
 from tfspmd._src.collectives.permute import ppermute as ppermute
 from tfspmd._src.collectives.permute import pshuffle as pshuffle
+from tfspmd._src.collectives.slicing import dynamic_slice as dynamic_slice
+from tfspmd._src.collectives.slicing import dynamic_slice_in_dim as dynamic_slice_in_dim
 from tfspmd._src.collectives import reductions as _reductions
+from tfspmd._src.programs.sharding_constraint import with_sharding_constraint as with_sharding_constraint
 from tfspmd._src.trees.tree_util import tree_map as _tree_map
 
 __all__ = [
@@ -25,6 +32,8 @@ __all__ = [
     "all_to_all",
     "axis_index",
     "axis_size",
+    "dynamic_slice",
+    "dynamic_slice_in_dim",
     "pmax",
     "pmean",
     "pmin",
@@ -33,6 +42,7 @@ __all__ = [
     "psum_scatter",
     "pshuffle",
     "pswapaxes",
+    "with_sharding_constraint",
 ]
 
 

@@ -21,6 +21,7 @@ from tfspmd._src.core import multiprocess_hooks
 from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import dtensor_device
 from tfspmd._src.runtime import mesh as mesh_lib
+from tfspmd._src.runtime import named_mesh
 from tfspmd._src.runtime import placement as placement_lib
 from tfspmd._src.runtime.named_sharding import NamedSharding
 from tfspmd._src.runtime.named_sharding import placement_of
@@ -28,7 +29,8 @@ from tfspmd._src.runtime.named_sharding import SingleDeviceSharding
 from tfspmd._src.runtime.sharded_array import ShardedArray
 from tfspmd._src.trees import tree
 
-_TARGETS = (NamedSharding, SingleDeviceSharding, devices_lib.Device)
+_TARGETS = (NamedSharding, SingleDeviceSharding, devices_lib.Device,
+            named_mesh.PartitionSpec)
 
 
 def _is_target(value):
@@ -50,7 +52,8 @@ def device_put(x: Any, device: Any = None, *, src: None = None,
     device: Where to put each leaf, or a tree prefix of `x` holding such
       targets: a `NamedSharding` gives a `ShardedArray` split over its mesh
       as its spec says (a `ShardedArray` already on the devices moves there
-      on the devices); a `tfspmd.Device` or `SingleDeviceSharding` gives a
+      on the devices); a bare `PartitionSpec` is a `NamedSharding` over the
+      mesh `tfspmd.set_mesh` set, as in JAX; a `tfspmd.Device` or `SingleDeviceSharding` gives a
       `tf.Tensor` whole on that device; None leaves `ShardedArray`s and
       tensors where they are and puts host values on the first device.
     src: Must be None: each `ShardedArray` knows where it lies.
@@ -63,8 +66,8 @@ def device_put(x: Any, device: Any = None, *, src: None = None,
     `x` with each leaf placed.
 
   Raises:
-    TypeError: If `device` holds something other than a sharding, a device
-      or None.
+    TypeError: If `device` holds something other than a sharding, a
+      PartitionSpec, a device or None, or a PartitionSpec with no mesh set.
     ValueError: If `src` is not None, or an array does not fit its
       sharding (rank below the spec's length, or a dimension that does not
       split evenly).
@@ -94,8 +97,8 @@ def device_put(x: Any, device: Any = None, *, src: None = None,
     if not _is_target(target):
       raise TypeError(
           f"device_put: the `device` for {path} must be a NamedSharding, a "
-          f"SingleDeviceSharding, a tfspmd.Device or None, got "
-          f"{type(target).__name__} {target!r}.")
+          f"PartitionSpec, a SingleDeviceSharding, a tfspmd.Device or None, "
+          f"got {type(target).__name__} {target!r}.")
     result = _put(leaf, target, path)
     if result is leaf and may_alias is False:
       result = _copy(leaf)
@@ -106,6 +109,15 @@ def device_put(x: Any, device: Any = None, *, src: None = None,
 
 
 def _put(leaf, target, path):
+  if isinstance(target, named_mesh.PartitionSpec):
+    mesh = named_mesh.context_mesh()
+    if mesh is None:
+      raise TypeError(
+          f"device_put: the `device` for {path} is the PartitionSpec "
+          f"{target}, which needs a mesh: set one first "
+          f"(`tfspmd.set_mesh(mesh)` or `with mesh:`), or give "
+          f"NamedSharding(mesh, {target}).")
+    target = NamedSharding(mesh, target)
   if isinstance(target, NamedSharding):
     return _put_sharded(leaf, target, path)
   if isinstance(target, SingleDeviceSharding):

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Sequence
+import contextlib
 import functools
 import inspect
+import threading
 from typing import Any
 
 import numpy as np
@@ -44,6 +46,24 @@ from tfspmd._src.runtime.sharded_array import ShardedArray
 from tfspmd._src.trees import tree
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
+
+# The `Mesh` of the jitted function being traced in this thread, or None.
+_tracing = threading.local()
+
+
+def tracing_mesh() -> Mesh | None:
+  """The mesh of the `tfspmd.jit` function this thread traces, or None."""
+  return getattr(_tracing, "mesh", None)
+
+
+@contextlib.contextmanager
+def _traced_on(mesh):
+  enclosing = tracing_mesh()
+  _tracing.mesh = mesh
+  try:
+    yield
+  finally:
+    _tracing.mesh = enclosing
 
 
 def _positions(value, name, count=None):
@@ -255,7 +275,7 @@ class JittedFunction:
               wide, mesh):
     """`(caller, output treedef, output wide flags, output shapes)`."""
     fun, built = self._fun, {}
-    mesh = mesh.dtensor_mesh
+    named, mesh = mesh, mesh.dtensor_mesh
 
     def body(*tensors):
       tensors = [small_values.narrow(t, value.shape.as_list()) if is_wide
@@ -265,7 +285,8 @@ class JittedFunction:
       given = dict(static_values)
       call_args = [given[k] if k in given else next(rest)
                    for k in range(count)]
-      result = fun(*call_args, **kwargs, **dict(static_kwargs))
+      with _traced_on(named):
+        result = fun(*call_args, **kwargs, **dict(static_kwargs))
       leaves, out_treedef = tree.flatten(result)
       outputs, out_wide, shapes = [], [], []
       for leaf in leaves:

@@ -200,6 +200,19 @@ class Mesh:
     return self._devices
 
   @property
+  def local_devices(self) -> list[devices_lib.Device]:
+    """This process's devices of the mesh, in mesh order.
+
+    Example:
+      >>> import tfspmd
+      >>> tfspmd.make_mesh((4, 2), ('x', 'y')).local_devices[:2]
+      [Device(platform='cpu', id=0), Device(platform='cpu', id=1)]
+    """
+    here = devices_lib.process_index()
+    return [device for device in self._devices.flat
+            if device.process_index == here]
+
+  @property
   def dim_names(self) -> tuple[Hashable, ...]:
     """The DTensor mesh dimension of each axis, in axis order.
 

@@ -74,6 +74,66 @@ class NamedSharding:
   def num_devices(self) -> int:
     return self._mesh.size
 
+  def devices_indices_map(
+      self, global_shape: tuple[int, ...]) -> dict[devices_lib.Device,
+                                                   tuple[slice, ...]]:
+    """Each device's block of an array of `global_shape`, as NumPy indices.
+
+    Args:
+      global_shape: The whole array's shape.
+
+    Returns:
+      `{device: index}` over every device of the mesh, in mesh order: a
+      slice per dimension (`slice(None)` where the spec leaves it whole).
+
+    Raises:
+      ValueError: If the spec has more entries than `global_shape` or
+        splits a dimension its number of blocks does not divide.
+
+    Example:
+      >>> import tfspmd
+      >>> from tfspmd.sharding import NamedSharding, PartitionSpec as P
+      >>> s = NamedSharding(tfspmd.make_mesh((4, 2), ('x', 'y')), P('y'))
+      >>> s.devices_indices_map((4, 3))[tfspmd.devices()[3]]
+      (slice(2, 4, None), slice(None, None, None))
+    """
+    shape = tuple(global_shape)
+    placement_of(self, shape, "an array")
+    names = self._mesh.axis_names
+    indices = {}
+    for position in np.ndindex(self._mesh.devices.shape):
+      at = dict(zip(names, position))
+      index = []
+      for dimension, size in enumerate(shape):
+        axes = self._spec.axes_of(dimension)
+        if not axes:
+          index.append(slice(None))
+          continue
+        block = 0
+        for name in axes:
+          block = block * self._mesh.shape[name] + at[name]
+        length = size // math.prod(self._mesh.shape[name] for name in axes)
+        index.append(slice(block * length, (block + 1) * length))
+      indices[self._mesh.devices[position]] = tuple(index)
+    return indices
+
+  def addressable_devices_indices_map(
+      self, global_shape: tuple[int, ...]) -> dict[devices_lib.Device,
+                                                   tuple[slice, ...]]:
+    """`devices_indices_map`, for this process's devices only.
+
+    Example:
+      >>> import tfspmd
+      >>> from tfspmd.sharding import NamedSharding, PartitionSpec as P
+      >>> s = NamedSharding(tfspmd.make_mesh((8,), ('x',)), P('x'))
+      >>> s.addressable_devices_indices_map((16,))[tfspmd.devices()[1]]
+      (slice(2, 4, None),)
+    """
+    here = devices_lib.process_index()
+    return {device: index for device, index in
+            self.devices_indices_map(global_shape).items()
+            if device.process_index == here}
+
   def is_equivalent_to(self, other: Any, ndim: int) -> bool:
     """True if `other` lays an array of rank `ndim` out the same way.
 

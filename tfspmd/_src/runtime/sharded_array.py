@@ -196,6 +196,24 @@ class ShardedArray:
       shards.sort(key=lambda shard: order[shard.device])
     return shards
 
+  def addressable_data(self, index: int) -> tf.Tensor:
+    """The block of this process's `index`-th device, in mesh order.
+
+    `addressable_shards[index].data`, as JAX's `addressable_data`.
+
+    Example:
+      >>> import numpy as np, tfspmd
+      >>> out = tfspmd.pmap(lambda x: x * 2)(np.arange(8.))
+      >>> out.addressable_data(3)
+      <tf.Tensor: shape=(1,), dtype=float64, numpy=array([6.])>
+    """
+    shards = self.addressable_shards
+    if not isinstance(index, int) or not -len(shards) <= index < len(shards):
+      raise IndexError(
+          f"addressable_data: `index` must be an int in [0, {len(shards)}) "
+          f"(this process's devices of the array), got {index!r}.")
+    return shards[index].data
+
   def block_until_ready(self) -> ShardedArray:
     """Waits until the computation producing the array has finished.
 

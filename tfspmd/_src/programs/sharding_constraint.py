@@ -1,0 +1,104 @@
+"""`lax.with_sharding_constraint`: lay a value out as a sharding says.
+
+Inside a `tfspmd.jit` function the value is a DTensor of the function's
+mesh, and the constraint is DTensor's relayout to the layout the spec
+gives (JAX's constraint steers its sharding propagation the same way: the
+value lies as asked there). Outside, on arrays, it is `device_put`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.experimental import dtensor
+
+from tfspmd._src.arguments import transfers
+from tfspmd._src.programs import jit as jit_lib
+from tfspmd._src.runtime import axis_env
+from tfspmd._src.runtime.named_mesh import PartitionSpec
+from tfspmd._src.runtime.named_sharding import NamedSharding
+from tfspmd._src.runtime.named_sharding import placement_of
+from tfspmd._src.trees import tree
+
+
+def _is_sharding_leaf(value):
+  """Ends the walk of `shardings`: a sharding, or anything not a container."""
+  return isinstance(value, (NamedSharding, PartitionSpec)) or (
+      tree.flatten(value)[0] == [value])
+
+
+def with_sharding_constraint(x: Any, shardings: Any) -> Any:
+  """Lays each leaf of `x` out as `shardings` says, as `jax.lax`'s.
+
+  Args:
+    x: A pytree of arrays.
+    shardings: A `NamedSharding` or `PartitionSpec` per leaf, or a tree
+      prefix of them. A bare `PartitionSpec` is over the mesh of the
+      `tfspmd.jit` function being traced (outside one, the mesh
+      `tfspmd.set_mesh` set).
+
+  Returns:
+    `x`, each leaf laid out as asked: inside a `tfspmd.jit` function on its
+    mesh, the value it returns keeps that layout; outside, a `ShardedArray`
+    (as `device_put` gives).
+
+  Raises:
+    TypeError: If a sharding is neither a `NamedSharding` nor a
+      `PartitionSpec`, or a `PartitionSpec` has no mesh to be over.
+    ValueError: Inside a pmap or shard_map (whose values are per device),
+      for a `NamedSharding` of another mesh than the jitted function's, or
+      a spec that splits one dimension over several mesh axes inside one.
+
+  Example:
+    >>> import numpy as np, tensorflow as tf, tfspmd
+    >>> from tfspmd import P, lax
+    >>> mesh = tfspmd.make_mesh((4, 2), ('x', 'y'))
+    >>> @tfspmd.jit
+    ... def double(v):
+    ...   return lax.with_sharding_constraint(v * 2, P('x', 'y'))
+    >>> with tfspmd.set_mesh(mesh):
+    ...   out = double(np.ones((4, 2)))
+    >>> out.sharding.spec
+    PartitionSpec('x', 'y')
+  """
+  if axis_env.trace_state() is not None:
+    raise ValueError(
+        "with_sharding_constraint: called inside a pmap or shard_map, whose "
+        "values are each device's own; constrain the value outside the "
+        "mapped function (in the tfspmd.jit function around it).")
+  mesh = jit_lib.tracing_mesh()
+  targets = tree.broadcast_prefix(
+      shardings, x, spec_name="shardings", root="x",
+      is_spec_leaf=_is_sharding_leaf)
+  leaves, treedef = tree.flatten(x)
+  paths = tree.leaf_paths(x, "x")
+  if mesh is None:
+    return transfers.device_put(x, treedef.unflatten(targets))
+  return treedef.unflatten([
+      _relayout(leaf, target, mesh, path)
+      for leaf, target, path in zip(leaves, targets, paths)])
+
+
+def _relayout(leaf, target, mesh, path):
+  """`leaf`, a value of the jitted function on `mesh`, laid out as `target`."""
+  if isinstance(target, PartitionSpec):
+    target = NamedSharding(mesh, target)
+  if not isinstance(target, NamedSharding):
+    raise TypeError(
+        f"with_sharding_constraint: the sharding for {path} must be a "
+        f"NamedSharding or a PartitionSpec, got {type(target).__name__} "
+        f"{target!r}.")
+  if target.mesh != mesh:
+    raise ValueError(
+        f"with_sharding_constraint: the sharding for {path} is over "
+        f"{target.mesh}, but the jitted function runs on {mesh}.")
+  tensor = tf.convert_to_tensor(leaf)
+  placement = placement_of(target, tensor.shape.as_list(), path)
+  if placement.merged is not None:
+    raise ValueError(
+        f"with_sharding_constraint: {target.spec} splits one dimension of "
+        f"{path} over several mesh axes, which a jitted function's value "
+        f"cannot lie as; constrain it to one axis per dimension inside, and "
+        f"give the jit out_shardings={target.spec} for its result.")
+  return dtensor.relayout(tensor, placement.layout)
