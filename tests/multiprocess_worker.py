@@ -544,6 +544,42 @@ def keras_data_parallel():
           "weights": [w.tolist() for w in model.get_weights()]}
 
 
+def jit_over_processes():
+  """A tfspmd.jit of a shard_map over the devices of every process.
+
+  Global arrays from each process's rows and from a callback of blocks go
+  into one jitted step (a shard_map that multiplies each block of rows by
+  the weights and sums over the process axis; the callback's array, split
+  over both axes, is laid out by rows inside), whose result every process
+  reads whole with process_allgather. `JIT_ROWS` rows per process.
+  """
+  _initialize()
+  me, count = tfspmd.process_index(), tfspmd.process_count()
+  rows = int(os.environ.get("JIT_ROWS", "8"))
+  P = tfspmd.P
+  mesh = tfspmd.make_mesh((count, tfspmd.local_device_count()), ("p", "d"))
+  x = np.arange(count * rows * 8, dtype=np.float32).reshape(count * rows, 8)
+  w = (np.arange(64, dtype=np.float32).reshape(8, 8) % 7) / 7.
+  by_rows = tfspmd.NamedSharding(mesh, P("p"))
+  local = tfspmd.make_array_from_process_local_data(
+      by_rows, x[rows * me:rows * (me + 1)])
+  from_callback = tfspmd.make_array_from_callback(
+      x.shape, tfspmd.NamedSharding(mesh, P("p", "d")), lambda index: x[index])
+
+  @tfspmd.jit
+  def step(a, b, weights):
+    mixed = tfspmd.shard_map(
+        lambda u, v, m: lax.psum(tf.matmul(u, m) + v, "p"), mesh=mesh,
+        in_specs=(P("p"), P("p"), P()), out_specs=P())(a, b, weights)
+    return mixed, tf.reduce_sum(mixed)
+
+  mixed, total = step(local, from_callback, w)
+  return {"process_index": me,
+          "mixed": multihost_utils.process_allgather(mixed, tiled=True).tolist(),
+          "total": float(np.asarray(total)),
+          "local_shape": list(np.asarray(mixed).shape)}
+
+
 def without_initialize():
   """DTENSOR_JOBS names two processes, but initialize is not called."""
   try:
@@ -558,6 +594,7 @@ if __name__ == "__main__":
             "nested_across_processes": nested_across_processes,
             "nested_not_a_block": nested_not_a_block,
             "shard_map_processes": shard_map_processes,
+            "jit_over_processes": jit_over_processes,
             "dead_peer": dead_peer,
             "never_joined": never_joined, "gpu_pair": gpu_pair,
             "initialize_error": initialize_error,

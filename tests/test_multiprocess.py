@@ -864,3 +864,27 @@ def test_devices_without_initialize_in_a_cluster_raises(alone):
       "DTENSOR_JOBS names 2 processes, but the multi-process runtime was not "
       "started: call tfspmd.distributed.initialize() first thing in every "
       "process, before any TensorFlow op.")
+
+
+def jit_over_processes_expected(count, rows):
+  """What `jit_over_processes` computes, in NumPy."""
+  x = np.arange(count * rows * 8, dtype=np.float32).reshape(count * rows, 8)
+  w = (np.arange(64, dtype=np.float32).reshape(8, 8) % 7) / 7.
+  blocks = [x[rows * k:rows * (k + 1)] for k in range(count)]
+  mixed = sum(b @ w + b for b in blocks)
+  return mixed, mixed.sum()
+
+
+def test_a_jit_of_a_shard_map_over_two_processes_on_global_arrays():
+  # Global arrays from each process's rows and from a callback, one
+  # tfspmd.jit of a shard_map over both processes' devices, the result read
+  # whole with process_allgather.
+  port = int(_free_addresses(1)[0].rsplit(":", 1)[1])
+  reports = _run([("jit_over_processes", k, None, _coordinated(port, 2, k))
+                  for k in range(2)], devices=4)
+  mixed, total = jit_over_processes_expected(2, 8)
+  for k, report in enumerate(reports):
+    assert report["process_index"] == k
+    assert report["local_shape"] == [8, 8]
+    np.testing.assert_allclose(report["mixed"], mixed, rtol=1e-5)
+    np.testing.assert_allclose(report["total"], total, rtol=1e-5)
