@@ -757,3 +757,12 @@ def test_a_loop_in_a_branch_a_device_does_not_take_runs_no_passes(counting):
     return tf.cond(lax.axis_index("i") < 4, loop, lambda: -1)
 
   np.testing.assert_array_equal(run(f, bound), [1, 2, 3, 4, -1, -1, -1, -1])
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int64])
+def test_a_counting_loop_over_a_narrow_or_wide_counter(dtype):
+  start = np.array([5, 0, 1, 2, 3, 9, 0, 1]).astype(dtype)
+  out = run(lambda i: tf.while_loop(
+      lambda i, s: i < tf.constant(3, i.dtype),
+      lambda i, s: (i + tf.constant(1, i.dtype), s + 1), (i, 0))[1], start)
+  np.testing.assert_array_equal(out, [max(3 - int(s), 0) for s in start])

@@ -375,8 +375,10 @@ def test_addressable_data_is_each_devices_block_and_checks_its_index():
 
 def test_dynamic_slice_clamps_its_starts_as_jax():
   x = np.arange(30).reshape(5, 6)
-  for starts in [(0, 0), (4, 5), (-2, 3), (2, 1)]:
-    clamped = [min(max(s, 0), d - z) for s, d, z in zip(starts, (5, 6), (2, 3))]
+  for starts in [(0, 0), (4, 5), (-2, 3), (2, -9), (2, 1)]:
+    # A negative start counts from the end, then the slice moves to fit.
+    clamped = [min(max(s + d if s < 0 else s, 0), d - z)
+               for s, d, z in zip(starts, (5, 6), (2, 3))]
     np.testing.assert_array_equal(
         lax.dynamic_slice(tf.constant(x), starts, (2, 3)),
         x[clamped[0]:clamped[0] + 2, clamped[1]:clamped[1] + 3])

@@ -258,3 +258,14 @@ def test_a_sharding_constraint_refuses_what_it_cannot_lay_out(mesh):
     tfspmd.pmap(lambda v: lax.with_sharding_constraint(v, P()))(x)
   with pytest.raises(TypeError, match="which needs a mesh: set one first"):
     lax.with_sharding_constraint(x, P("data"))
+
+
+def test_a_sharding_constraint_outside_jit_or_in_a_mapped_function_is_refused(
+    mesh):
+  x = np.ones((8, 4), np.float32)
+  with tfspmd.set_mesh(mesh):
+    with pytest.raises(ValueError, match="not a tfspmd.jit function"):
+      tf.function(lambda v: lax.with_sharding_constraint(v, P("data")))(x)
+    with pytest.raises(ValueError, match="inside a pmap or shard_map"):
+      tfspmd.pmap(lambda v: lax.with_sharding_constraint(v, P()),
+                  debug=True)(x)

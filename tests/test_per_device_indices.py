@@ -157,3 +157,20 @@ def test_scatter_in_a_per_device_loop_draws_each_devices_pixels():
     for x in range(lower[d], upper[d]):
       want[d, x, x % 3] += x
   np.testing.assert_array_equal(got, want)
+
+
+def test_bool_updates_and_a_scatter_of_no_updates():
+  rng = np.random.default_rng(4)
+  indices = rng.integers(0, 5, size=(N, 3, 1)).astype(np.int32)
+  flags = rng.integers(0, 2, size=(N, 3)).astype(bool)
+  got = np.asarray(tfspmd.pmap(lambda i, u: tf.scatter_nd(i, u, [5]))(
+      indices, flags))
+  want = np.zeros((N, 5), bool)
+  for d in range(N):
+    for (k,), flag in zip(indices[d], flags[d]):
+      want[d, k] |= flag
+  np.testing.assert_array_equal(got, want)
+  tensor = np.arange(N * 4, dtype=np.float32).reshape(N, 4)
+  got = np.asarray(tfspmd.pmap(tf.tensor_scatter_nd_update)(
+      tensor, np.zeros((N, 0, 1), np.int32), np.zeros((N, 0), np.float32)))
+  np.testing.assert_array_equal(got, tensor)

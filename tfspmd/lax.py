@@ -21,10 +21,9 @@ from tfspmd._src.collectives.indexing import axis_index as axis_index
 from tfspmd._src.collectives.indexing import axis_size as axis_size
 from tfspmd._src.collectives.permute import ppermute as ppermute
 from tfspmd._src.collectives.permute import pshuffle as pshuffle
-from tfspmd._src.collectives.slicing import dynamic_slice as dynamic_slice
-from tfspmd._src.collectives.slicing import dynamic_slice_in_dim as dynamic_slice_in_dim
+from tfspmd._src.collectives import slicing as _slicing
 from tfspmd._src.collectives import reductions as _reductions
-from tfspmd._src.programs.sharding_constraint import with_sharding_constraint as with_sharding_constraint
+from tfspmd._src.programs import sharding_constraint as _sharding_constraint
 from tfspmd._src.trees.tree_util import tree_map as _tree_map
 
 __all__ = [
@@ -117,3 +116,6 @@ psum = _taking_bools(_reductions.psum, bool_result=False)
 pmean = _taking_bools(_reductions.pmean, bool_result=False)
 pmax = _taking_bools(_reductions.pmax, bool_result=True)
 pmin = _taking_bools(_reductions.pmin, bool_result=True)
+dynamic_slice = _slicing.dynamic_slice
+dynamic_slice_in_dim = _slicing.dynamic_slice_in_dim
+with_sharding_constraint = _sharding_constraint.with_sharding_constraint

@@ -53,9 +53,10 @@ def device_put(x: Any, device: Any = None, *, src: None = None,
       targets: a `NamedSharding` gives a `ShardedArray` split over its mesh
       as its spec says (a `ShardedArray` already on the devices moves there
       on the devices); a bare `PartitionSpec` is a `NamedSharding` over the
-      mesh `tfspmd.set_mesh` set, as in JAX; a `tfspmd.Device` or `SingleDeviceSharding` gives a
-      `tf.Tensor` whole on that device; None leaves `ShardedArray`s and
-      tensors where they are and puts host values on the first device.
+      mesh `tfspmd.set_mesh` set, as in JAX; a `tfspmd.Device` or
+      `SingleDeviceSharding` gives a `tf.Tensor` whole on that device; None
+      leaves `ShardedArray`s and tensors where they are and puts host
+      values on the first device.
     src: Must be None: each `ShardedArray` knows where it lies.
     donate: If True, a `ShardedArray` leaf that was moved is deleted, its
       buffers freed, as a donated input.
@@ -67,7 +68,8 @@ def device_put(x: Any, device: Any = None, *, src: None = None,
 
   Raises:
     TypeError: If `device` holds something other than a sharding, a
-      PartitionSpec, a device or None, or a PartitionSpec with no mesh set.
+      PartitionSpec, a device or None, or a PartitionSpec with no mesh
+      set.
     ValueError: If `src` is not None, or an array does not fit its
       sharding (rank below the spec's length, or a dimension that does not
       split evenly).

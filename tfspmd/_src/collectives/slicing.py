@@ -15,8 +15,9 @@ def dynamic_slice(operand: tf.Tensor, start_indices: Sequence,
                   slice_sizes: Sequence[int]) -> tf.Tensor:
   """The block of `slice_sizes` starting at `start_indices`, as `jax.lax`'s.
 
-  A start is clamped to `[0, dim - size]`, so the slice always fits, as in
-  JAX; the starts may be tensors computed inside a pmap (one per device).
+  A negative start counts from the end, then a start is clamped to
+  `[0, dim - size]`, so the slice always fits, as in JAX; the starts may be
+  tensors computed inside a pmap (one per device).
 
   Args:
     operand: The tensor to slice.
@@ -45,7 +46,8 @@ def dynamic_slice(operand: tf.Tensor, start_indices: Sequence,
   sizes = [int(size) for size in slice_sizes]
   if isinstance(start_indices, (tf.Tensor, tf.Variable)) and (
       start_indices.shape.rank == 1):
-    starts = tf.unstack(start_indices, num=start_indices.shape[0])
+    starts = tf.unstack(start_indices,
+                        num=start_indices.shape[0] or len(dims))
   else:
     starts = list(start_indices)
   if len(starts) != len(dims) or len(sizes) != len(dims):
@@ -58,12 +60,16 @@ def dynamic_slice(operand: tf.Tensor, start_indices: Sequence,
       raise ValueError(
           f"dynamic_slice: `slice_sizes`[{axis}]={size} must lie in "
           f"[0, {dim}] for the operand of shape {operand.shape}.")
-  begin = tf.stack([
-      tf.clip_by_value(tf.cast(start, tf.int32), 0,
-                       (dim if dim is not None else tf.shape(operand)[axis])
-                       - size)
-      for axis, (start, size, dim) in enumerate(zip(starts, sizes, dims))])
-  return tf.slice(operand, begin, sizes)
+  begin = []
+  for axis, (start, size, dim) in enumerate(zip(starts, sizes, dims)):
+    dim = tf.cast(dim if dim is not None else tf.shape(operand)[axis],
+                  tf.int64)
+    start = tf.cast(start, tf.int64)
+    # A negative start counts from the end, as JAX's, then the slice is
+    # moved to fit.
+    start = tf.where(start < 0, start + dim, start)
+    begin.append(tf.clip_by_value(start, 0, dim - size))
+  return tf.slice(operand, tf.stack(begin), sizes)
 
 
 def dynamic_slice_in_dim(operand: tf.Tensor, start_index, slice_size: int,

@@ -40,15 +40,18 @@ def with_sharding_constraint(x: Any, shardings: Any) -> Any:
 
   Returns:
     `x`, each leaf laid out as asked: inside a `tfspmd.jit` function on its
-    mesh, the value it returns keeps that layout; outside, a `ShardedArray`
-    (as `device_put` gives).
+    mesh, the value it returns keeps that layout (but for a float32, int32
+    or int64 result of under 20 elements, which the function returns whole
+    on each device; give `out_shardings` to place it); outside, a
+    `ShardedArray` (as `device_put` gives).
 
   Raises:
     TypeError: If a sharding is neither a `NamedSharding` nor a
       `PartitionSpec`, or a `PartitionSpec` has no mesh to be over.
-    ValueError: Inside a pmap or shard_map (whose values are per device),
-      for a `NamedSharding` of another mesh than the jitted function's, or
-      a spec that splits one dimension over several mesh axes inside one.
+    ValueError: Inside a pmap or shard_map (whose values are per device)
+      or a `tf.function` that is not a `tfspmd.jit` function, for a
+      `NamedSharding` of another mesh than the jitted function's, or a spec
+      that splits one dimension over several mesh axes inside one.
 
   Example:
     >>> import numpy as np, tensorflow as tf, tfspmd
@@ -58,16 +61,21 @@ def with_sharding_constraint(x: Any, shardings: Any) -> Any:
     ... def double(v):
     ...   return lax.with_sharding_constraint(v * 2, P('x', 'y'))
     >>> with tfspmd.set_mesh(mesh):
-    ...   out = double(np.ones((4, 2)))
+    ...   out = double(np.ones((8, 4), np.float32))
     >>> out.sharding.spec
     PartitionSpec('x', 'y')
   """
-  if axis_env.trace_state() is not None:
+  if axis_env.trace_state() is not None or axis_env.frames():
     raise ValueError(
         "with_sharding_constraint: called inside a pmap or shard_map, whose "
         "values are each device's own; constrain the value outside the "
         "mapped function (in the tfspmd.jit function around it).")
   mesh = jit_lib.tracing_mesh()
+  if mesh is None and tf.inside_function():
+    raise ValueError(
+        "with_sharding_constraint: called in a tf.function that is not a "
+        "tfspmd.jit function, whose values lie on no mesh; decorate the "
+        "function with tfspmd.jit, or constrain arrays outside it.")
   targets = tree.broadcast_prefix(
       shardings, x, spec_name="shardings", root="x",
       is_spec_leaf=_is_sharding_leaf)

@@ -5,9 +5,9 @@ done (`control_flow`); asking "is any device still running?" after every
 pass is a reduction over the devices, a collective under DTensor, which a
 pass of a small body costs many times over (a `lax.fori_loop` with
 per-device bounds, as the Lorenz colab draws its lines). Where the loop
-counts (its condition compares a variable that each pass steps by a
-constant with a bound no pass changes, the form `fori_loop` and
-`for i in tf.range(lower, upper)` take), each device's trip count is
+counts (its condition compares an int32 or int64 variable that each pass
+steps by a constant with a bound no pass changes, the form a
+`lax.fori_loop` with traced bounds takes), each device's trip count is
 arithmetic on the starting values, and one reduction before the loop gives
 the passes all must run.
 """
@@ -82,7 +82,9 @@ def counting_form(cond_graph, body_graph):
   if comparison is None or not predicate.dtype == tf.bool:
     return None
   operands = [_through_identities(t) for t in predicate.op.inputs]
-  if not operands[0].dtype.is_integer:
+  # Narrower or unsigned counters wrap where the loop's own arithmetic
+  # would not be asked to: left to the loop.
+  if operands[0].dtype not in (tf.int32, tf.int64):
     return None
   positions = [next((k for k, t in enumerate(cond_graph.inputs) if t is o),
                     None) for o in operands]
@@ -117,15 +119,16 @@ def trip_counts(form, init):
     init: The loop variables' starting values.
 
   Returns:
-    An integer tensor: each position's trip count (a scalar for all).
+    An int64 tensor: each position's trip count (a scalar for all).
   """
-  start = init[form.counter]
-  limit = (tf.constant(form.bound, start.dtype) if form.bound_at is None
-           else tf.cast(init[form.bound_at], start.dtype))
+  start = tf.cast(init[form.counter], tf.int64)
+  limit = (tf.constant(form.bound, tf.int64) if form.bound_at is None
+           else tf.cast(init[form.bound_at], tf.int64))
   distance = limit - start if form.step > 0 else start - limit
   stride = abs(form.step)
   if form.comparison in ("<", ">"):
-    passes = tf.math.floordiv(distance + stride - 1, stride)
+    passes = tf.math.floordiv(tf.maximum(distance, 0) + stride - 1, stride)
   else:
-    passes = tf.math.floordiv(distance, stride) + 1
-  return tf.maximum(passes, 0)
+    passes = tf.where(distance < 0, tf.zeros_like(distance),
+                      tf.math.floordiv(distance, stride) + 1)
+  return passes

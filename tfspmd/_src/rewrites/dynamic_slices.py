@@ -223,4 +223,3 @@ def convert_gather_nd(op_inputs):
     return [tf_internal.wrap_converted(
         tf.gather_nd(params.tensor, indices.tensor), True)]
   return per_position.default_or_per_position(op_inputs)
-

@@ -82,7 +82,7 @@ def vectorizing():
 
 
 def reached():
-  """Where the ops converted now are reached: a bool mask, or None for everywhere."""
+  """Where the ops converted now are reached: a bool mask, or None (all)."""
   return _masks()[-1]
 
 

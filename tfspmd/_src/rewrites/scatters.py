@@ -8,7 +8,8 @@ a collective, and a loop that draws pixels one by one (the Lorenz colab's
 Wu lines) spends its time in them. Where the tensor is small, each
 position's scatter is instead a comparison of its linear indices with
 every element's and a reduction over the updates: ops on each device's
-own rows, which DTensor keeps local.
+own rows, which DTensor keeps local (for numeric values; others keep
+the op's own route).
 
 As in XLA and JAX (and tfspmd's programs run under XLA), an index outside
 the tensor drops its update; a negative coordinate too, rather than reach
@@ -40,21 +41,25 @@ def convert(op_inputs):
     indices_at, updates_at = 0, 1
   else:
     indices_at, updates_at = 1, 2
-  base = _base(op_inputs)
   indices = op_inputs.input(indices_at)
-  updates = op_inputs.input(updates_at)
-  if base is None or not indices.stacked:
+  dtype = op_inputs.input(updates_at).tensor.dtype
+  if (not indices.stacked or axis_env.split_leading_dims() > 1 or
+      not (dtype.is_floating or dtype.is_integer or dtype.is_complex) or
+      not indices.tensor.shape.is_fully_defined()):
+    return per_position.default_or_per_position(op_inputs)
+  base = _base(op_inputs)
+  if base is None or not base.shape.is_fully_defined():
     return per_position.default_or_per_position(op_inputs)
   size = op_inputs.loop_size
   indices = indices.tensor
   dims = base.shape.as_list()[1:]
   depth = indices.shape[-1]
-  if (not indices.shape.is_fully_defined() or None in dims or
-      axis_env.split_leading_dims() > 1):
-    return per_position.default_or_per_position(op_inputs)
   count = indices.shape[1:-1].num_elements()
   targets = _product(dims[:depth])
   row = _product(dims[depth:])
+  if not count:
+    # No updates: the tensor as it is (the op's own route crashes, TF 2.21).
+    return [tf_internal.wrap_converted(base, True)]
   if count * targets * row > _COMPARISON_LIMIT:
     return per_position.default_or_per_position(op_inputs)
   updates = tf.reshape(op_inputs.stacked_input(updates_at),
@@ -85,7 +90,7 @@ def _product(dims):
 
 
 def _hits(indices, dims):
-  """[n, count, targets, 1]: whether update k of position p lands on element t."""
+  """[n, count, targets, 1]: whether update k of position p lands on t."""
   strides = [_product(dims[axis + 1:]) for axis in range(len(dims))]
   inside = tf.reduce_all(
       tf.logical_and(indices >= 0, indices < tf.constant(dims, indices.dtype)),

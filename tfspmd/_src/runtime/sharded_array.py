@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from collections.abc import Sequence
 import dataclasses
+import operator
 from typing import TypeAlias
 
 import numpy as np
@@ -208,11 +209,15 @@ class ShardedArray:
       <tf.Tensor: shape=(1,), dtype=float64, numpy=array([6.])>
     """
     shards = self.addressable_shards
-    if not isinstance(index, int) or not -len(shards) <= index < len(shards):
+    try:
+      position = operator.index(index)
+    except TypeError:
+      position = None
+    if position is None or not -len(shards) <= position < len(shards):
       raise IndexError(
           f"addressable_data: `index` must be an int in [0, {len(shards)}) "
           f"(this process's devices of the array), got {index!r}.")
-    return shards[index].data
+    return shards[position].data
 
   def block_until_ready(self) -> ShardedArray:
     """Waits until the computation producing the array has finished.
