@@ -72,8 +72,8 @@ def dynamic_slice(operand: tf.Tensor, start_indices: Sequence,
   return tf.slice(operand, tf.stack(begin), sizes)
 
 
-def dynamic_slice_in_dim(operand: tf.Tensor, start_index, slice_size: int,
-                         axis: int = 0) -> tf.Tensor:
+def dynamic_slice_in_dim(operand: tf.Tensor, start_index: int | tf.Tensor,
+                         slice_size: int, axis: int = 0) -> tf.Tensor:
   """`dynamic_slice` along one axis, the others whole, as `jax.lax`'s.
 
   Args:
