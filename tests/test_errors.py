@@ -1585,9 +1585,18 @@ def _():
 
 @case("device-put-target", SHARDINGS, "device_put(x, 'gpu')", TypeError,
       r"device_put: the `device` for x must be a NamedSharding, a "
-      r"SingleDeviceSharding, a tfspmd.Device or None, got str 'gpu'")
+      r"PartitionSpec, a SingleDeviceSharding, a tfspmd.Device or None, got "
+      r"str 'gpu'")
 def _():
   tfspmd.device_put(np.zeros(2), "gpu")
+
+
+@case("device-put-spec-without-mesh", SHARDINGS,
+      "device_put(x, P('x')) with no mesh set", TypeError,
+      r"device_put: the `device` for x is the PartitionSpec "
+      r"PartitionSpec\('x'\), which needs a mesh: set one first")
+def _():
+  tfspmd.device_put(np.zeros(2), tfspmd.P("x"))
 
 
 @case("device-put-src", SHARDINGS, "device_put(x, src=a device)", ValueError,
