@@ -61,6 +61,21 @@ class LRUCache:
       while len(self._entries) > self.maxsize:
         self._entries.popitem(last=False)
 
+  def get_or_put(self, key, make):
+    """The value of `key`, or `make()` stored under it if there is none.
+
+    Example:
+      >>> from tfspmd._src.core import lru
+      >>> cache = lru.LRUCache(2)
+      >>> cache.get_or_put("a", lambda: 1), cache.get_or_put("a", lambda: 2)
+      (1, 1)
+    """
+    found = self.get(key)
+    if found is None:
+      found = make()
+      self.put(key, found)
+    return found
+
   def keys(self):
     """The keys, least recently used first (a snapshot)."""
     with self._lock:

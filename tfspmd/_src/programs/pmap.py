@@ -329,8 +329,4 @@ def _shared(arguments, make):
     hash(key)
   except TypeError:
     return make()
-  found = _RECENT.get(key)
-  if found is None:
-    found = make()
-    _RECENT.put(key, found)
-  return found
+  return _RECENT.get_or_put(key, make)
