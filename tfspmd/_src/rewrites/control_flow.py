@@ -518,16 +518,14 @@ def _run_loop(operation, cond_graph, stacked, per_device, init, size,
                     _shape_invariants(operation, stacked, size, init),
                     shapes)]
   iterations = operation.get_attr("parallel_iterations")
-  counting = counted_loops.counting_form(
-      cond_graph, tf_internal.function_graph(operation, "body")) if (
-          per_device) else None
   if not per_device:
     final = tf.while_loop(
         lambda *state: tf.reshape(convert(cond_graph, state)[0].tensor, []),
         lambda *state: body_outputs(state), init,
         shape_invariants=invariants, parallel_iterations=iterations)
     final = list(final) if isinstance(final, (list, tuple)) else [final]
-  elif counting is not None:
+  elif (counting := counted_loops.counting_form(
+      cond_graph, tf_internal.function_graph(operation, "body"))) is not None:
     final = _run_counted_loop(counting, stacked, init, size, body_outputs,
                               invariants, iterations)
   else:
