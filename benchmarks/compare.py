@@ -31,19 +31,17 @@ import subprocess
 import sys
 import time
 
-os.environ.setdefault("TFSPMD_NUM_CPU_DEVICES", "8")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault(
-    "XLA_FLAGS",
-    f"--xla_force_host_platform_device_count={os.environ['TFSPMD_NUM_CPU_DEVICES']}")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import timing  # pylint: disable=wrong-import-position
+
+timing.same_cpu_devices_for_jax()
 
 import numpy as np  # pylint: disable=wrong-import-position
 import tensorflow as tf  # pylint: disable=wrong-import-position
 from tensorflow.experimental import dtensor  # pylint: disable=wrong-import-position
 
 import tfspmd  # pylint: disable=wrong-import-position
-from benchmarks import timing  # pylint: disable=wrong-import-position
 from tfspmd import lax  # pylint: disable=wrong-import-position
 from tfspmd._src.core import tf_internal  # pylint: disable=wrong-import-position
 

@@ -27,18 +27,16 @@ import os
 import sys
 import time
 
-os.environ.setdefault("TFSPMD_NUM_CPU_DEVICES", "8")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault(
-    "XLA_FLAGS",
-    f"--xla_force_host_platform_device_count={os.environ['TFSPMD_NUM_CPU_DEVICES']}")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import timing  # pylint: disable=wrong-import-position
+
+timing.same_cpu_devices_for_jax()
 
 import numpy as np  # pylint: disable=wrong-import-position
 import tensorflow as tf  # pylint: disable=wrong-import-position
 
 import tfspmd  # pylint: disable=wrong-import-position
-from benchmarks import timing  # pylint: disable=wrong-import-position
 from examples import lorenz_ode  # pylint: disable=wrong-import-position
 
 import jax  # pylint: disable=wrong-import-position,g-import-not-at-top

@@ -17,6 +17,19 @@ _ROOT = (os.environ.get("BUILD_WORKSPACE_DIRECTORY") or
 RESULTS_DIR = os.path.join(_ROOT, "benchmarks", "results")
 
 
+def same_cpu_devices_for_jax(count=8):
+  """Gives tfspmd and JAX the same logical CPU devices, `count` of them.
+
+  Call before TensorFlow or JAX is imported: both read these variables
+  once. Values already set are kept.
+  """
+  os.environ.setdefault("TFSPMD_NUM_CPU_DEVICES", str(count))
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault(
+      "XLA_FLAGS", "--xla_force_host_platform_device_count="
+      f"{os.environ['TFSPMD_NUM_CPU_DEVICES']}")
+
+
 def interleaved(contenders, *, rounds, calls_per_round, warmup=20,
                 settle=None):
   """Times each `contenders[name]()` call, alternating contenders by round.
