@@ -384,8 +384,9 @@ def flat_caller(concrete_function, captured):
 # freed gets that old name. The function goes into the process's one
 # function library, which refuses a second function of that name. A
 # program lowered again, its ops kept off the freed addresses
-# (`heap_blocks`), gets new names: with 120 programs of one loop
-# each, 53 failed 8 tries without that and none with it.
+# (`heap_blocks`), gets new names: glibc's allocator hands out the
+# address just freed, so without the blocks held the retry meets the same
+# name again.
 _NAME_TAKEN = re.compile(r"Cannot add function '[^']*' because a different "
                          r"function with the same name already exists")
 RELOWERINGS = 7
