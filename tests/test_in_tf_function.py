@@ -15,6 +15,36 @@ import tfspmd
 from tfspmd import lax
 
 
+
+@pytest.mark.parametrize("placed", [True, False], ids=["dtensors", "tensors"])
+def test_a_pmap_with_its_own_loop_inside_a_tf_range_loop(placed):
+  # The pmap's loop is nested in the user's; over DTensors, DTensor lowers
+  # the whole function at once.
+  def damped(x, passes):
+    def body(k, v):
+      return k + 1, v + lax.psum(v, "i") * 0.25
+    return tf.while_loop(lambda k, v: k < passes, body, (0, x))[1]
+
+  pdamped = tfspmd.pmap(damped, "i", in_axes=(0, None))
+
+  @tf.function
+  def outer(x, passes):
+    for _ in tf.range(3):
+      x = pdamped(x, passes) / 4.0
+    return x
+
+  x = np.arange(24, dtype=np.float32).reshape(8, 3) / 8
+  given = tfspmd.pmap(lambda v: v)(x).dtensor_value if placed else x
+  got = outer(given, tf.constant(2))
+  expected = x.astype(np.float64)
+  for _ in range(3):
+    for _ in range(2):
+      expected = expected + expected.sum(0) * 0.25
+    expected = expected / 4.0
+  if placed:
+    got = np.concatenate([block.numpy() for block in dtensor.unpack(got)])
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+
 def test_training_loop_with_tf_range_matches_numpy():
   rng = np.random.default_rng(0)
   x = rng.standard_normal((8, 16, 3)).astype(np.float32)

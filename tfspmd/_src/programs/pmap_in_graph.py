@@ -17,6 +17,8 @@ which trace with their global shapes (a nested axis crossing processes
 included): the program is traced over those.
 """
 
+import tensorflow as tf
+
 from tfspmd._src.arguments import arguments
 from tfspmd._src.programs import pmap_trace
 from tfspmd._src.rewrites import side_effects
@@ -35,7 +37,11 @@ def call(pmapped, args, kwargs):
       leaf = leaf.dtensor_value
     value = arguments.traced_tensor(leaf, path)
     _check_sizes(value.shape, path, axis, several)
-    values.append(value)
+    # Through an Identity: DTensor's mesh propagation cannot follow a loop
+    # variable of the user's loop (`tf.range`) into a loop of the program
+    # ("Block argument must be enclosed by a function", TF 2.21), but
+    # follows an op's result.
+    values.append(tf.identity(value))
   signature = tuple((tuple(v.shape), v.dtype) for v in values)
   key = (bound.treedef, bound.static_key, signature)
   program = pmap_trace.cached_program(
