@@ -51,11 +51,12 @@ import warnings
 
 from tensorflow.core.framework import types_pb2
 
+from tfspmd._src.core import op_types
+
 MULTI_DEVICE_EXPANSION = "DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION"
 COLLECTIVE_GATHER = "LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2"
 _OFF = ("0", "false", "no", "off", "")
 _WIDE_UNSIGNED = (types_pb2.DT_UINT32, types_pb2.DT_UINT64)
-_LOOP_OPS = ("While", "StatelessWhile")
 
 _lock = threading.Lock()
 
@@ -150,7 +151,7 @@ def nodes(graph_def):
 
 
 def _has_loop(graph_def):
-  return any(node.op in _LOOP_OPS for node in nodes(graph_def))
+  return any(node.op in op_types.LOOPS for node in nodes(graph_def))
 
 
 def _has_wide_unsigned(graph_def):

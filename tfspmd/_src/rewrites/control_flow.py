@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfspmd._src.core import merged_dims
+from tfspmd._src.core import op_types
 from tfspmd._src.core import stacking
 from tfspmd._src.core import static_values
 from tfspmd._src.core import tf_internal
@@ -50,7 +51,6 @@ from tfspmd._src.runtime import axis_env
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
-_WHILE = ("While", "StatelessWhile")
 _IF = ("If", "StatelessIf")
 _CASE = ("Case", "StatelessCase")
 _CALL = ("PartitionedCall", "StatefulPartitionedCall")
@@ -62,7 +62,7 @@ COLLECTIVE_ATTRIBUTE = "_tfspmd_collective"
 def called_graphs(operation):
   """The function graphs the control-flow `operation` calls."""
   kind = operation.type
-  if kind in _WHILE:
+  if kind in op_types.LOOPS:
     return [tf_internal.function_graph(operation, "cond"),
             tf_internal.function_graph(operation, "body")]
   if kind in _IF:
@@ -129,7 +129,7 @@ def effect_operations(operations, axis_name):
     elif operation.type in CONVERTERS and any(
         effect_operations(graph.get_operations(), axis_name)
         for graph in called_graphs(operation)):
-      if operation.type in _WHILE:
+      if operation.type in op_types.LOOPS:
         raise side_effects.while_loop_error("tf.while_loop", axis_name)
       found.append(operation)
   return found
@@ -607,7 +607,7 @@ def _shape_invariants(operation, stacked, size, init):
 
 
 CONVERTERS = {}
-for _kind in _WHILE:
+for _kind in op_types.LOOPS:
   CONVERTERS[_kind] = _convert_while
 for _kind in _IF:
   CONVERTERS[_kind] = _convert_if

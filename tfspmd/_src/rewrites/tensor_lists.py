@@ -18,11 +18,11 @@ list (its converter sees the dense tensors).
 
 import tensorflow as tf
 
+from tfspmd._src.core import op_types
 from tfspmd._src.core import stacking
 from tfspmd._src.core import tf_internal
 from tfspmd._src.rewrites import dtensor_rewrites
 
-_WHILE = ("While", "StatelessWhile")
 # Ops that take or make lists without "TensorList" in their name.
 _LIST_ARITHMETIC = ("Identity", "ZerosLike", "AddN", "AddV2")
 
@@ -66,7 +66,7 @@ def densify(conversion, operations, convert_loop, position=None):
   pending = {}
   for operation in _inputs_first(operations):
     kind = operation.type
-    if kind in _WHILE:
+    if kind in op_types.LOOPS:
       if any(t.dtype == tf.variant for t in operation.inputs):
         _define_loop(conversion, operation, pending, convert_loop)
       continue
@@ -366,7 +366,7 @@ def _dense_form(handle):
   """
   while True:
     kind = handle.op.type
-    if kind in _WHILE:
+    if kind in op_types.LOOPS:
       handle = handle.op.inputs[handle.value_index]
     elif kind in ("Identity", "TensorListSetItem", "TensorListPushBack"):
       handle = handle.op.inputs[0]
