@@ -21,7 +21,7 @@ Complex ComplexAbs Concat ConcatV2 Conj Const Conv2D Conv2DBackpropFilter
 Conv2DBackpropInput Cos Cosh Cumprod Cumsum DepthwiseConv2dNative
 DepthwiseConv2dNativeBackpropFilter DepthwiseConv2dNativeBackpropInput
 Div DivNoNan Einsum Elu EluGrad Equal Erf Erfc Exp ExpandDims Expm1 Fill
-Floor FloorDiv FloorMod Gelu Greater GreaterEqual Identity IdentityN Imag
+Floor FloorDiv FloorMod Greater GreaterEqual Identity IdentityN Imag
 IsFinite IsInf IsNan L2Loss LeakyRelu LeakyReluGrad Less LessEqual Lgamma
 Log Log1p LogSoftmax LogicalAnd LogicalNot LogicalOr MatMul Max MaxPool
 MaxPoolGrad Maximum Mean Min Minimum Mod Mul MulNoNan Neg NoOp NotEqual

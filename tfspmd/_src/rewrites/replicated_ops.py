@@ -61,7 +61,7 @@ VarIsInitializedOp Xdivy Xlog1py Xlogy Zeta ZerosLike
 # Ops DTensor turns into other constructs (regions, calls, layouts) before
 # it looks for expanders, or leaves as they are: never enrolled.
 _STRUCTURAL = frozenset("""
-Case CopyToMesh CopyToMeshGrad DTensorLayout If NoOp PartitionedCall
+Case CopyToMesh CopyToMeshGrad If NoOp PartitionedCall
 Placeholder Relayout RelayoutLike StatefulPartitionedCall StatelessCase
 StatelessIf StatelessWhile While _Arg _Retval
 """.split())
