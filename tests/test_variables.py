@@ -71,6 +71,44 @@ def test_debug_mode_refuses_a_write_with_the_compiled_message(debug):
     tfspmd.pmap(f, "i", debug=debug)(np.ones((4, 2), np.float32))
 
 
+
+@pytest.mark.parametrize("debug", [False, True], ids=["compiled", "debug"])
+def test_an_optimizers_sparse_update_is_refused(debug):
+  table = tf.Variable(np.ones((4, 2), np.float32))
+  accumulator = tf.Variable(np.full((4, 2), 0.1, np.float32))
+
+  def f(x):
+    tf.raw_ops.ResourceSparseApplyAdagradV2(
+        var=table.handle, accum=accumulator.handle, lr=0.1, epsilon=1e-7,
+        grad=x, indices=tf.constant([1]))
+    return x
+
+  with pytest.raises(ValueError, match=r"writes to a tf.Variable "
+                     r"\(ResourceSparseApplyAdagradV2\)"):
+    tfspmd.pmap(f, "i", debug=debug)(np.ones((4, 1, 2), np.float32))
+  np.testing.assert_array_equal(table.numpy(), np.ones((4, 2)))
+
+
+def test_debug_mode_leaves_tensorflows_functions_as_they_were():
+  from tensorflow.python.ops import gen_resource_variable_ops  # pylint: disable=g-import-not-at-top
+  before = (gen_resource_variable_ops.assign_add_variable_op,
+            tf.raw_ops.AssignAddVariableOp)
+  total = tf.Variable(0.)
+
+  def f(x):
+    total.assign_add(tf.reduce_sum(x))
+    return x
+
+  with pytest.raises(ValueError, match=WRITE_MESSAGE):
+    tfspmd.pmap(f, "i", debug=True)(np.ones((4, 2), np.float32))
+  assert (gen_resource_variable_ops.assign_add_variable_op,
+          tf.raw_ops.AssignAddVariableOp) == before
+  # TensorFlow's own wrapper, not a guard around it.
+  assert not hasattr(gen_resource_variable_ops.assign_add_variable_op,
+                     "__wrapped__")
+  total.assign_add(2.)
+  assert total.numpy() == 2.
+
 def test_debug_mode_lets_a_layer_create_and_initialize_its_weights():
   scale = []
 

@@ -17,6 +17,7 @@ import threading
 import tensorflow as tf
 
 from tfspmd._src.core import heap_blocks
+from tfspmd._src.core import op_types
 
 SUPPORTED_TF_VERSIONS = ("2.21",)
 
@@ -446,13 +447,10 @@ def op_callback(callback):
 # The checks `before_variable_writes` runs, per thread.
 _write_checks = threading.local()
 _write_guards_lock = threading.Lock()
-_write_guards_installed = []
-
-
-def _is_variable_write(function_name):
-  return (function_name.startswith("assign") and
-          function_name.endswith("_variable_op")) or function_name.startswith(
-              ("resource_scatter", "resource_apply_", "resource_sparse_apply_"))
+# The op wrappers the guards replaced, `(namespace, name, wrapper)`, while
+# any thread is inside `before_variable_writes`; how many are.
+_unguarded = []
+_guarded_blocks = [0]
 
 
 def _guarded_write(function, op_type):
@@ -468,27 +466,46 @@ def _guarded_write(function, op_type):
   return write
 
 
-def _install_write_guards():
-  """Routes TensorFlow's variable-writing op wrappers through the checks.
+def _variable_write_wrappers():
+  """`(namespace, name, op_type)` of each of TensorFlow's variable writers.
 
-  Op callbacks see an eager op after it ran; `tf.Variable.assign` and its
-  kin, the scatters and the optimizers' apply ops call these module
-  functions (or their `tf.raw_ops` forms) first, so a check there can stop
-  a write before it happens. Done once per process; a thread with no
-  checks pays one lookup.
+  `tf.Variable.assign` and its kin, the scatters and the optimizers' apply
+  ops call these module functions (or their `tf.raw_ops` forms).
+  """
+  by_lower_name = {name.lower(): name for name in dir(tf.raw_ops)}
+  for module in (_gen_variables, _gen_state, _gen_training):
+    for name in dir(module):
+      op_type = by_lower_name.get(name.replace("_", ""))
+      if op_type is not None and op_types.writes_variable(op_type):
+        yield module, name, op_type
+        yield tf.raw_ops, op_type, op_type
+
+
+@contextlib.contextmanager
+def _write_guards():
+  """TensorFlow's variable writers go through the checks while it runs.
+
+  Op callbacks see an eager op after it ran; a check in the wrapper the
+  op's Python API calls can stop a write before it happens. The wrappers
+  are replaced when the first thread enters and put back when the last one
+  leaves; a thread with no checks meanwhile pays one lookup.
   """
   with _write_guards_lock:
-    if _write_guards_installed:
-      return
-    op_types = {name.lower(): name for name in dir(tf.raw_ops)}
-    for module in (_gen_variables, _gen_state, _gen_training):
-      for name in dir(module):
-        op_type = op_types.get(name.replace("_", ""))
-        if op_type is not None and _is_variable_write(name):
-          setattr(module, name, _guarded_write(getattr(module, name), op_type))
-          setattr(tf.raw_ops, op_type,
-                  _guarded_write(getattr(tf.raw_ops, op_type), op_type))
-    _write_guards_installed.append(True)
+    if not _guarded_blocks[0]:
+      for namespace, name, op_type in _variable_write_wrappers():
+        wrapper = getattr(namespace, name)
+        _unguarded.append((namespace, name, wrapper))
+        setattr(namespace, name, _guarded_write(wrapper, op_type))
+    _guarded_blocks[0] += 1
+  try:
+    yield
+  finally:
+    with _write_guards_lock:
+      _guarded_blocks[0] -= 1
+      if not _guarded_blocks[0]:
+        for namespace, name, wrapper in reversed(_unguarded):
+          setattr(namespace, name, wrapper)
+        _unguarded.clear()
 
 
 @contextlib.contextmanager
@@ -498,15 +515,16 @@ def before_variable_writes(check):
   Covers writes through TensorFlow's Python API (`tf.Variable.assign`,
   `scatter_*`, optimizers' apply ops, `tf.raw_ops`); raising from `check`
   stops the write before it runs. An op built otherwise bypasses it (an op
-  callback sees it, after it ran).
+  callback sees it, after it ran). TensorFlow's functions are as they were
+  once no thread is inside.
   """
-  _install_write_guards()
   stack = getattr(_write_checks, "stack", ())
-  _write_checks.stack = stack + (check,)
-  try:
-    yield
-  finally:
-    _write_checks.stack = stack
+  with _write_guards():
+    _write_checks.stack = stack + (check,)
+    try:
+      yield
+    finally:
+      _write_checks.stack = stack
 
 
 def tape_active():

@@ -12,6 +12,7 @@ import functools
 import tensorflow as tf
 
 from tfspmd._src.arguments import out_axes as out_axes_lib
+from tfspmd._src.core import op_types
 from tfspmd._src.core import stacking
 from tfspmd._src.core import tf_internal
 from tfspmd._src.rewrites import control_flow
@@ -112,7 +113,7 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       converters.give_converters(new_ops)
       # pfor drops a write nothing reads: find it before it goes unseen.
       write = control_flow.find_operation(
-          new_ops, lambda op: variable_writes.writes_variable(op.type))
+          new_ops, lambda op: op_types.writes_variable(op.type))
       if write is not None:
         raise variable_writes.write_error(write.type, axis_name)
       specs = out_axes_lib.resolve(out_axes, result,
@@ -216,7 +217,7 @@ def _unvectorizable_error(op_type, input_name, axis_name):
         f"(`generator.make_seeds(n)`, a column per device, passed with "
         f"in_axes=1) and use tf.random.stateless_* ops with it inside "
         f"(docs/randomness.md).")
-  if variable_writes.writes_variable(op_type):
+  if op_types.writes_variable(op_type):
     return variable_writes.write_error(op_type, axis_name)
   return ValueError(
       f"the function mapped over axis {axis_name!r} uses the op {op_type}, "

@@ -7,13 +7,8 @@ devices run eagerly, finds it before the op runs. Both raise `write_error`.
 
 import contextlib
 
+from tfspmd._src.core import op_types
 from tfspmd._src.core import tf_internal
-
-
-def writes_variable(op_type):
-  """Whether the op `op_type` writes to a resource variable."""
-  return "Assign" in op_type or op_type.startswith(("ResourceScatter",
-                                                    "ResourceApply"))
 
 
 def write_error(op_type, axis_name):
@@ -48,7 +43,7 @@ def refused(axis_name):
       op_type = op_type.decode()
     if op_type == "VarHandleOp":
       created.update(id(handle) for handle in outputs)
-    elif writes_variable(op_type):
+    elif op_types.writes_variable(op_type):
       check_write(op_type, inputs[0])
 
   with tf_internal.op_callback(check), \
