@@ -124,6 +124,8 @@ def run(program, values, axis_name):
   program.ran = True
   start = time.perf_counter() if first_run else None
   try:
+    # DTensor reads its switches when it lowers and starts the program,
+    # not while its results are awaited: other threads' calls go on then.
     with dtensor_settings.applied(program.dtensor_switches):
       with dtensor_device.entry:
         if placed:
@@ -131,19 +133,19 @@ def run(program, values, axis_name):
         else:
           with dtensor.default_mesh(program.mesh):
             outputs = program.function()
-      if program.may_fail or first_run:
-        dtensor_device.components(outputs)
-      if first_run:
-        compile_log.compiled(program.name, program.signature,
-                             time.perf_counter() - start)
-      count = len(program.output_placements)
-      if program.effects:
-        effects = pmap_trace.effect_values(program, [
-            ShardedArray(value, placement, shape, value.dtype)
-            for value, placement, shape in zip(
-                outputs[count:], program.effect_placements,
-                program.effect_shapes)])
-        outputs = outputs[:count]
+    if program.may_fail or first_run:
+      dtensor_device.components(outputs)
+    if first_run:
+      compile_log.compiled(program.name, program.signature,
+                           time.perf_counter() - start)
+    count = len(program.output_placements)
+    if program.effects:
+      effects = pmap_trace.effect_values(program, [
+          ShardedArray(value, placement, shape, value.dtype)
+          for value, placement, shape in zip(
+              outputs[count:], program.effect_placements,
+              program.effect_shapes)])
+      outputs = outputs[:count]
   except tf.errors.OpError as e:
     multiprocess_hooks.raise_peer_failure(e)
     explained = dtensor_errors.explain(e, axis_name)
