@@ -8,7 +8,6 @@ aborted or gave wrong values. tfspmd writes those matmuls as einsums.
 """
 
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -18,6 +17,8 @@ import tensorflow as tf
 import tfspmd
 from tfspmd import P
 from tfspmd import lax
+
+from child_process import run_python
 
 
 def data(*shape, seed=0, dtype=np.float32):
@@ -46,14 +47,10 @@ def gathered_weights_product(rows):
 @pytest.mark.parametrize("rows", [16, 32, 40])
 def test_matmul_by_weights_gathered_over_one_axis_of_a_4_by_2_mesh(rows):
   # In a process of its own: the corruption this checks for aborts.
-  result = subprocess.run(
-      [sys.executable, "-c",
-       f"import test_broadcast_matmul as t; t.gathered_weights_product({rows})"],
-      cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True,
-      text=True, timeout=300, check=False,
-      env=dict(os.environ, TFSPMD_NUM_CPU_DEVICES="8",
-               PYTHONPATH=os.pathsep.join(sys.path)))
-  assert result.returncode == 0, result.stderr[-2000:]
+  run_python(
+      f"import test_broadcast_matmul as t; t.gathered_weights_product({rows})",
+      timeout=300, cwd=os.path.dirname(os.path.abspath(__file__)),
+      PYTHONPATH=os.pathsep.join(sys.path))
 
 
 @pytest.mark.parametrize("left, right", [

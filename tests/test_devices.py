@@ -1,12 +1,12 @@
 """Devices, processes and the logical CPU split."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 import tfspmd
+
+from child_process import run_python
 
 
 def test_eight_logical_cpu_devices():
@@ -48,10 +48,8 @@ def test_unknown_or_absent_backend():
 
 
 def _run(code, **env):
-  environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env)
-  return subprocess.run([sys.executable, "-c", code], capture_output=True,
-                        text=True, env=environment, timeout=120, check=False,
-                        cwd=os.path.dirname(os.path.dirname(__file__)))
+  return run_python(code, devices=None, check=False,
+                    cwd=os.path.dirname(os.path.dirname(__file__)), **env)
 
 
 def test_environment_variable_and_set_num_cpu_devices_in_a_fresh_process():

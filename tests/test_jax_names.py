@@ -2,8 +2,6 @@
 
 import inspect
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,6 +15,8 @@ from tfspmd.sharding import Mesh
 from tfspmd.sharding import NamedSharding
 from tfspmd.sharding import PartitionSpec as P
 from tfspmd.sharding import SingleDeviceSharding
+
+from child_process import run_python
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -307,13 +307,11 @@ def test_vmap_spmd_axis_name_gives_jaxs_values():
 
 def _dtype_under(value):
   """The dtype a float64 NumPy input arrives as, with JAX_ENABLE_X64=value."""
-  env = dict(os.environ, JAX_ENABLE_X64=value, PYTHONPATH=_ROOT)
   code = ("import numpy as np, tfspmd; "
           "print(tfspmd.config.jax_enable_x64, "
           "tfspmd.pmap(lambda x: x)(np.ones(2)).dtype.name)")
-  done = subprocess.run([sys.executable, "-c", code], env=env, cwd=_ROOT,
-                        capture_output=True, text=True, timeout=300,
-                        check=False)
+  done = run_python(code, devices=None, timeout=300, check=False, cwd=_ROOT,
+                    JAX_ENABLE_X64=value, PYTHONPATH=_ROOT)
   return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
 
 

@@ -2,9 +2,6 @@
 
 import collections
 import functools
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,6 +10,8 @@ import tensorflow as tf
 import tfspmd
 from tfspmd import lax
 from tfspmd._src.runtime import placement as placement_lib
+
+from child_process import run_python
 
 Pair = collections.namedtuple("Pair", ["a", "b"])
 
@@ -308,9 +307,6 @@ def test_a_zero_argument_pmap_prints_no_deprecation_warning():
              "f = tfspmd.pmap(lambda: tfspmd.lax.axis_index('i'), 'i', "
              "axis_size=4)\n"
              "print(f())\n")
-  environ = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")
-  result = subprocess.run([sys.executable, "-c", program], env=environ,
-                          capture_output=True, text=True, check=True,
-                          timeout=120)
+  result = run_python(program, devices=None, TF_CPP_MIN_LOG_LEVEL="0")
   assert result.stdout.splitlines()[-1] == "[0 1 2 3]"
   assert "deprecat" not in result.stderr.lower()
