@@ -3,6 +3,11 @@
 import numpy as np
 
 
+def data(*shape, seed=0, dtype=np.float32):
+  """Standard normal values of `shape`, the same for the same `seed`."""
+  return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
 def finite_difference(f, x, eps=1e-2):
   """Central differences of the scalar function `f` at the float array `x`."""
   grad = np.zeros_like(x)

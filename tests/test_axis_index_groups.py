@@ -14,6 +14,7 @@ import tfspmd
 from tfspmd import lax
 
 import numpy_reference
+from numpy_reference import data
 
 N = 8
 GROUPS = {
@@ -21,10 +22,6 @@ GROUPS = {
     "strided": [[0, 4], [1, 5], [2, 6], [3, 7]],
     "shuffled": [[3, 0], [6, 1], [2, 7], [5, 4]],
 }
-
-
-def data(*shape, seed=0):
-  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 def run(function, *args, debug=False):

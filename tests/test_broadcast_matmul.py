@@ -19,10 +19,7 @@ from tfspmd import P
 from tfspmd import lax
 
 from child_process import run_python
-
-
-def data(*shape, seed=0, dtype=np.float32):
-  return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+from numpy_reference import data
 
 
 def gathered_weights_product(rows):

@@ -17,10 +17,7 @@ import tfspmd
 from tfspmd import lax
 
 import numpy_reference
-
-
-def data(*shape, seed=0):
-  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+from numpy_reference import data
 
 
 def within(seconds, function, *args, **kwargs):

@@ -17,12 +17,10 @@ import tfspmd
 from tfspmd import P
 from tfspmd import lax
 
+from numpy_reference import data
+
 N = 8
 RING = [(j, (j + 1) % N) for j in range(N)]
-
-
-def data(*shape, seed=0):
-  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 # --- tf.where at rank 9 --------------------------------------------------------

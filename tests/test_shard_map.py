@@ -16,9 +16,7 @@ import tfspmd
 from tfspmd import P
 from tfspmd import lax
 
-
-def data(*shape, seed=0):
-  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+from numpy_reference import data
 
 
 @pytest.fixture(name="mesh")

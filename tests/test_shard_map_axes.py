@@ -15,14 +15,10 @@ import tfspmd
 from tfspmd import P
 from tfspmd import lax
 
-from numpy_reference import finite_difference
+from numpy_reference import data, finite_difference
 from numpy_reference import over_axes
 
 NAMES = ("data", "fsdp", "tensor", "expert")
-
-
-def data(*shape, seed=0):
-  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 def gradient_around(fun, x, cotangent, *others):

@@ -12,9 +12,7 @@ import tensorflow as tf
 import tfspmd
 from tfspmd import lax
 
-
-def data(*shape, seed=0):
-  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+from numpy_reference import data
 
 
 def test_maps_over_the_given_axes_of_pytrees():
