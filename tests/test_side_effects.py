@@ -7,6 +7,7 @@ texts are written out by hand.
 """
 
 import os
+import threading
 import uuid
 
 import numpy as np
@@ -225,3 +226,38 @@ def test_print_inside_a_shard_map():
       np.arange(8, dtype=np.int32))
   assert printed(path) == ("block [0 1]\nblock [2 3]\nblock [4 5]\n"
                            "block [6 7]\n")
+
+
+def test_two_threads_tracing_at_once_each_keep_their_own_prints():
+  # Both traces are inside their mapped functions at once: each program's
+  # print must be recorded by its own trace.
+  both_tracing = threading.Barrier(2, timeout=60)
+  outcome = {}
+
+  def traced_with_print(name, path):
+    stream = f"file://{path}"
+
+    def f(x):
+      both_tracing.wait()
+      tf.print(name, x, output_stream=stream)
+      return x + 1
+
+    return f
+
+  def run(name):
+    path, _ = print_file()
+    try:
+      out = tfspmd.pmap(traced_with_print(name, path), "i")(
+          np.arange(2, dtype=np.int32))
+      outcome[name] = (np.asarray(out).tolist(), printed(path))
+    except Exception as e:  # pylint: disable=broad-except
+      outcome[name] = e
+
+  threads = [threading.Thread(target=run, args=(name,))
+             for name in ("first", "second")]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(120)
+  assert outcome == {"first": ([1, 2], "first 0\nfirst 1\n"),
+                     "second": ([1, 2], "second 0\nsecond 1\n")}

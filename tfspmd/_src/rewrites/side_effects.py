@@ -18,6 +18,7 @@ leading axis per level, outermost first.
 
 import contextlib
 import dataclasses
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -71,18 +72,26 @@ class _Recorder:
     self.scopes = [(None, ())]
 
 
-_recorders = []
+class _Recorders(threading.local):
+  """This thread's recorders, innermost last: each thread traces its own."""
+
+  def __init__(self):
+    super().__init__()
+    self.stack = []
+
+
+_recorders = _Recorders()
 
 
 @contextlib.contextmanager
 def recording():
   """Collects the records of the effects pfor converts inside the block."""
   recorder = _Recorder()
-  _recorders.append(recorder)
+  _recorders.stack.append(recorder)
   try:
     yield recorder.records
   finally:
-    _recorders.pop()
+    _recorders.stack.pop()
 
 
 @contextlib.contextmanager
@@ -94,7 +103,7 @@ def branch(mask, key):
       scalar for all of them.
     key: Where the branch lies in the user's program (for the order).
   """
-  recorder = _recorders[-1]
+  recorder = _recorders.stack[-1]
   outer_mask, outer_key = recorder.scopes[-1]
   if outer_mask is not None:
     mask = tf.logical_and(outer_mask, mask)
@@ -208,7 +217,7 @@ def _static_string(tensor, operation):
 
 def _record(record):
   """Adds `record` to the recording, masked by the branches around it."""
-  recorder = _recorders[-1]
+  recorder = _recorders.stack[-1]
   mask, key = recorder.scopes[-1]
   if mask is not None:
     lead_shape = record.lead_shape
