@@ -458,6 +458,17 @@ def _():
   earlier = P(lambda x: x)(np.zeros(2))
   P(lambda x: x + earlier)(np.zeros(2))
 
+@case("tf-function-two-meshes", OUTPUTS,
+      "ShardedArrays on a 4-device and an 8-device mesh into one tf.function",
+      ValueError, r"a tf.function was called with ShardedArrays on different "
+      r"meshes: one of shape \[4, 2\] on Mesh\(\{'axis_0': 4\}\) \(devices "
+      r"\[0, 1, 2, 3\]\), another of shape \[8, 2\] .* "
+      r"`tfspmd.device_put\(b, a.sharding\)`")
+def _():
+  four = P(lambda x: x, devices=tfspmd.devices()[:4])(np.zeros((4, 2)))
+  eight = P(lambda x: x)(np.zeros((8, 2)))
+  tf.function(lambda a, b: a + b)(four, eight)
+
 # --- devices and backends --------------------------------------------------
 
 

@@ -239,3 +239,20 @@ def test_a_pmap_result_goes_through_a_keras_model_in_a_tf_function():
                              rtol=1e-5)
   metric = tf.function(lambda v: tf.reduce_mean(tf.square(v)))(doubled)
   np.testing.assert_allclose(metric.numpy(), np.mean((2 * x) ** 2), rtol=1e-6)
+
+
+def test_a_tf_function_of_sharded_arrays_traces_once_per_mesh():
+  # Arrays of 20 elements or more: DTensor folds smaller ones as constants,
+  # which lie on no mesh (test_pmaps_over_two_device_counts_in_one_function).
+  first_four = tfspmd.devices()[:4]
+  on_four = [tfspmd.pmap(lambda x, k=k: x * k, devices=first_four)(
+      np.ones((4, 8), np.float32)) for k in (2., 3.)]
+  on_eight = [tfspmd.pmap(lambda x, k=k: x * k)(np.ones((8, 8), np.float32))
+              for k in (5., 7.)]
+  total = tf.function(lambda a, b: tf.reduce_sum(a) + tf.reduce_sum(b))
+  assert total(*on_four).numpy() == 32 * 2. + 32 * 3.
+  assert total(*on_eight).numpy() == 64 * 5. + 64 * 7.
+  with pytest.raises(ValueError, match="ShardedArrays on different meshes"):
+    total(on_four[0], on_eight[0])
+  moved = tfspmd.device_put(on_eight[0], on_four[0].sharding)
+  assert total(on_four[0], moved).numpy() == 32 * 2. + 64 * 5.

@@ -343,7 +343,7 @@ class ShardedArray:
     """
     del context  # unused
     self._check_alive()
-    return _ShardedArraySpec(self._global_shape(), self._dtype)
+    return _ShardedArraySpec.of(self)
 
   def _global_shape(self):
     """The whole array's shape (over all processes)."""
@@ -575,12 +575,62 @@ class ShardedArray:
 
 
 class _ShardedArraySpec(tf.TensorSpec):
-  """The trace type of a ShardedArray: a tensor of its global shape."""
+  """The trace type of a ShardedArray: a tensor of its global shape, on its mesh.
+
+  The mesh is part of the type, so a function called with arrays on another
+  mesh traces anew; one given arrays on two meshes at once is refused while
+  it traces (DTensor runs a function on one mesh, and refuses such a call in
+  its own words, TF 2.21). An array DTensor folds into the function as a
+  constant (`small_values`) lies on no mesh there.
+  """
+  _mesh = None
+  _described = ""
+
+  @classmethod
+  def of(cls, array):
+    shape = array._global_shape()  # pylint: disable=protected-access
+    spec = cls(shape, array.dtype)
+    if small_values.is_small(shape, array.dtype):
+      return spec
+    spec._mesh = array._placement.mesh  # pylint: disable=protected-access
+    spec._described = (
+        f"one of shape {array.shape.as_list()} on {array.sharding.mesh} "
+        f"(devices {[d.id for d in array.devices()]})")
+    return spec
+
+  def __eq__(self, other):
+    return super().__eq__(other) and self._mesh == other._mesh
+
+  def __hash__(self):
+    return super().__hash__()
+
+  def is_subtype_of(self, other):
+    return super().is_subtype_of(other) and (
+        not isinstance(other, _ShardedArraySpec) or other._mesh == self._mesh)
+
+  def placeholder_value(self, placeholder_context):
+    if self._mesh is not None and not placeholder_context.unnest_only:
+      _check_one_mesh(self, placeholder_context.context_graph)
+    return super().placeholder_value(placeholder_context)
 
   def cast(self, value, casting_context):
     if isinstance(value, ShardedArray):
       value = value._whole_on_devices()  # pylint: disable=protected-access
     return super().cast(value, casting_context)
+
+
+def _check_one_mesh(spec, graph):
+  """Raises if the function `graph` traces takes arrays on two meshes."""
+  first = getattr(graph, "_tfspmd_first_array", None)
+  if first is None:
+    graph._tfspmd_first_array = spec  # pylint: disable=protected-access
+  elif first._mesh != spec._mesh:  # pylint: disable=protected-access
+    raise ValueError(
+        f"a tf.function was called with ShardedArrays on different meshes: "
+        f"{first._described}, another {spec._described[len('one '):]}. "  # pylint: disable=protected-access
+        f"DTensor runs a function on one mesh: put the arrays on one first, "
+        f"e.g. `tfspmd.device_put(b, a.sharding)`, or call the function on "
+        f"each mesh's arrays apart.")
 
 
 def _on(device, data):
