@@ -162,16 +162,38 @@ def known_program(programs, key, in_user_graph=False, lays_out=True):
   return program
 
 
+@dataclasses.dataclass(frozen=True)
+class _Call:
+  """What every trace of one call signature shares.
+
+  Attributes:
+    options: The pmap's `PmapOptions`.
+    call: The bound call (`mapped_args`).
+    axes: The mapped axis of each input leaf (None: unmapped).
+    dtypes: The dtype of each input leaf.
+    local_shapes: The shape of each input leaf in this process.
+    top_local: The mapped size in this process's inputs.
+    devices: The devices of the program's mesh in this process.
+    in_user_graph: Whether the program is for a user's graph (`inline`).
+    lays_out: Whether the program places its values on the mesh.
+  """
+  options: object
+  call: object
+  axes: tuple
+  dtypes: tuple
+  local_shapes: tuple
+  top_local: int
+  devices: tuple
+  in_user_graph: bool
+  lays_out: bool
+
+
 def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
   """The `Program` of a call whose input leaves have `shapes` in this process.
 
   With several processes each passes its part, and the program sees the
-  whole array: the mapped axis spans the devices of all processes, and a
-  nested axis may too. A trace that meets a nested pmap whose inputs are
-  still this process's part along its axis (`pmap_nested.CrossingAxis`)
-  is done again with their global shapes.
+  whole array (`_trace_of_process_parts`).
   """
-  local_shapes = shapes
   axes, top_local = options.args.axes_and_size(call.in_axes, shapes,
                                                call.paths)
   local, total = options.process_share()
@@ -185,23 +207,48 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
     devices, devices_error = options.devices, error
   else:
     devices_error = None
-  parts = local < total
+  signature = _Call(options, call, tuple(axes), tuple(dtypes), tuple(shapes),
+                    top_local, tuple(devices), in_user_graph, lays_out)
+
+  def trace(size, shapes, parts, crossing):
+    try:
+      program = _trace_whole(signature, size, shapes, parts, crossing)
+    except ValueError:
+      if devices_error is None:
+        raise
+      raise devices_error from None
+    if devices_error is not None:
+      raise devices_error
+    return program
+
+  if local == total:
+    return trace(top_local, shapes, parts=False, crossing={})
+  return _trace_of_process_parts(signature, top_local * total // local, trace)
+
+
+def _trace_of_process_parts(signature, size, trace):
+  """The `Program` of inputs that are this process's parts of the arrays.
+
+  The mapped axis spans the devices of all processes (`size` positions),
+  and a nested axis may too: a trace (`trace(size, shapes, parts,
+  crossing)`) that meets a nested pmap whose inputs are still this
+  process's part along its axis (`pmap_nested.CrossingAxis`) is done again
+  with their global shapes.
+  """
+  options, axes = signature.options, signature.axes
   crossing, splits, names = {}, {}, {}
   while True:
-    size = (pmap_nested.top_size(top_local, crossing, names) if crossing
-            else top_local * total // local)
-    shapes = [list(shape) for shape in local_shapes]
+    if crossing:
+      size = pmap_nested.top_size(signature.top_local, crossing, names)
+    shapes = [list(shape) for shape in signature.local_shapes]
     for leaf, axis in enumerate(axes):
       if axis is not None:
         shapes[leaf][axis] = size
     for (leaf, axis), depth in splits.items():
       shapes[leaf][axis] = crossing[depth][1]
     try:
-      program = _trace_whole(options, call, axes, size,
-                             [tuple(shape) for shape in shapes], local_shapes,
-                             devices, dtypes, in_user_graph, lays_out,
-                             parts=parts, crossing=dict(crossing),
-                             top_local=top_local)
+      return trace(size, [tuple(s) for s in shapes], parts=True,
+                   crossing=dict(crossing))
     except pmap_nested.CrossingAxis as found:
       _check_crossing(options, found, crossing, names)
       if all(split in splits for split in found.splits):
@@ -213,14 +260,6 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
       crossing[found.depth] = (found.local, found.size)
       names[found.depth] = found.axis_name
       splits.update((split, found.depth) for split in found.splits)
-    except ValueError:
-      if devices_error is None:
-        raise
-      raise devices_error from None
-    else:
-      if devices_error is not None:
-        raise devices_error
-      return program
 
 
 def _trace_of_whole_arrays(options, call, shapes, dtypes, lays_out):
@@ -235,9 +274,9 @@ def _trace_of_whole_arrays(options, call, shapes, dtypes, lays_out):
   # The devices of the process's share of the outermost axis, at least one
   # where a nested axis crossing processes leaves it less than a position.
   devices = options.mesh_devices(max(1, size * local // total))
-  return _trace_whole(options, call, axes, size, shapes, shapes, devices,
-                      dtypes, in_user_graph=True, lays_out=lays_out,
-                      parts=False, crossing={}, top_local=size)
+  signature = _Call(options, call, tuple(axes), tuple(dtypes), tuple(shapes),
+                    size, tuple(devices), True, lays_out)
+  return _trace_whole(signature, size, shapes, parts=False, crossing={})
 
 
 def _check_crossing(options, found, crossing, names):
@@ -266,18 +305,26 @@ def _check_crossing(options, found, crossing, names):
         f"(docs/multiprocess.md).")
 
 
-def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
-                 dtypes, in_user_graph, lays_out, parts, crossing, top_local,
+@dataclasses.dataclass
+class _Traced:
+  """What tracing the program found, beyond its outputs."""
+  result: object = None
+  mesh_key: object = None
+  placements: tuple = ()
+  output_wide: tuple = ()
+  effect_placements: tuple = ()
+
+
+def _trace_whole(signature, size, shapes, parts, crossing,
                  split_by_nested=frozenset()):
   """The `Program` over the whole arrays, of `shapes` and mapped `size`.
 
-  `parts`, `crossing`: as `axis_env.TraceState` takes them; `top_local` is
-  the mapped size in this process's inputs. Small unmapped inputs are taken
-  wide (`small_values`) but those in `split_by_nested`: a nested pmap maps
-  them, and they are placed split as it needs them (a process passes its
-  part of them), which a trace finds.
+  `parts`, `crossing`: as `axis_env.TraceState` takes them. Small unmapped
+  inputs are taken wide (`small_values`) but those in `split_by_nested`: a
+  nested pmap maps them, and they are placed split as it needs them (a
+  process passes its part of them), which a trace finds.
   """
-  paths = call.paths
+  options, axes = signature.options, signature.axes
   top_dim = options.mesh_dim or mesh_lib.mesh_dim_name(0)
   # A serving function's input_signature may leave the per-device sizes
   # open: such a program runs only inside the user's graph, on one device,
@@ -285,16 +332,41 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
   open_sizes = any(None in shape for shape in shapes)
   state = axis_env.TraceState(
       mesh_axes=[(options.axis_name, size, top_dim)],
-      max_devices=len(devices) if options.devices is None else size,
-      devices=tuple(devices), lays_out=lays_out, parts=parts,
+      max_devices=(len(signature.devices) if options.devices is None
+                   else size),
+      devices=signature.devices, lays_out=signature.lays_out, parts=parts,
       crossing=crossing, given_devices=options.devices is not None)
-  rebuild = call.rebuilder()
-  built = {}
   # A program the user's graph calls takes that graph's tensors as they are.
   input_wide = tuple(
-      not in_user_graph and axis is None and leaf not in split_by_nested and
-      small_values.is_small(shape, dtype)
-      for leaf, (shape, axis, dtype) in enumerate(zip(shapes, axes, dtypes)))
+      not signature.in_user_graph and axis is None and
+      leaf not in split_by_nested and small_values.is_small(shape, dtype)
+      for leaf, (shape, axis, dtype) in enumerate(
+          zip(shapes, axes, signature.dtypes)))
+  traced = _Traced()
+  program = _program_function(signature, state, size, shapes, input_wide,
+                              top_dim, open_sizes, traced)
+  specs = [tf.TensorSpec((small_values.WIDTH,) if wide else shape,
+                         tf.as_dtype(dtype))
+           for shape, dtype, wide in zip(shapes, signature.dtypes, input_wide)]
+  concrete = tf.function(program, jit_compile=True,
+                         autograph=False).get_concrete_function(*specs)
+  split_wide = {leaf for leaf in state.input_splits if input_wide[leaf]}
+  if split_wide:
+    return _trace_whole(signature, size, shapes, parts, crossing,
+                        split_by_nested | split_wide)
+  _check_program(options, concrete, open_sizes, traced.mesh_key, specs)
+  return _program(signature, state, size, shapes, top_dim, input_wide,
+                  program, concrete, traced)
+
+
+def _program_function(signature, state, size, shapes, input_wide, top_dim,
+                      open_sizes, traced):
+  """The Python function of the program: the mapped function, laid out.
+
+  Its trace fills `traced` (a `_Traced`).
+  """
+  options, axes = signature.options, signature.axes
+  rebuild = signature.call.rebuilder()
 
   def on_slice(leaf, piece, _):
     state.record_origin(piece, leaf, [
@@ -317,79 +389,86 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
       else:
         result = steps_lib.map_steps(
             options.fun, options.steps, frame_template=frame_template,
-            inputs=list(inputs), in_axes=axes, paths=paths,
-            carry_treedef=_carry_treedef(call.dynamic, options.steps),
+            inputs=list(inputs), in_axes=axes, paths=signature.call.paths,
+            carry_treedef=_carry_treedef(signature.call.dynamic,
+                                         options.steps),
             rebuild_args=rebuild, out_axes=options.out_axes,
             on_slice=on_slice)
       if state.crossing:
-        pmap_nested.check_parts(state, top_local)
+        pmap_nested.check_parts(state, signature.top_local)
       if not open_sizes:
         _check_static_shapes(result)
-      mesh_key = state.mesh_key()
-      placements = []
-      output_wide = []
-      outputs = []
-      for value, axis, per_device in zip(result.values, result.out_axes,
-                                         result.per_device):
-        spec = [None] * value.shape.rank
-        if axis is not None:
-          for split_axis, dim in state.result_splits(
-              per_device, axis, top_dim).items():
-            spec[split_axis] = dim
-        placement = placement_for(mesh_key, tuple(spec))
-        placements.append(placement)
-        wide = (lays_out and not in_user_graph and
-                small_values.is_small_replicated(spec, value.shape,
-                                                 value.dtype))
-        output_wide.append(wide)
-        if wide:
-          # Whole on each device first: a nested pmap's result may be split.
-          value = _relayout(small_values.widen(
-              _relayout(value, placement.layout)),
-                            small_values.wide_layout(placement.mesh))
-        elif lays_out:
-          value = _relayout(value, placement.layout)
-        outputs.append(value)
-      effect_placements = []
-      for value in _effect_values(result.effects):
-        # Split over the outermost axis like a mapped output: no device
-        # sends its part to another.
-        placement = placement_for(
-            mesh_key, (top_dim,) + (None,) * (value.shape.rank - 1))
-        effect_placements.append(placement)
-        outputs.append(_relayout(value, placement.layout) if lays_out
-                       else value)
-      built.update(result=result, placements=placements, mesh_key=mesh_key,
-                   effect_placements=effect_placements,
-                   output_wide=tuple(output_wide))
-      return outputs
+      traced.result, traced.mesh_key = result, state.mesh_key()
+      return (_laid_out_outputs(signature, state, result, top_dim, traced) +
+              _laid_out_effects(signature, result, top_dim, traced))
 
-  function = tf.function(program, jit_compile=True, autograph=False)
-  specs = [tf.TensorSpec((small_values.WIDTH,) if wide else shape,
-                         tf.as_dtype(dtype))
-           for shape, dtype, wide in zip(shapes, dtypes, input_wide)]
-  concrete = function.get_concrete_function(*specs)
-  split_wide = {leaf for leaf in state.input_splits if input_wide[leaf]}
-  if split_wide:
-    return _trace_whole(options, call, axes, size, shapes, local_shapes,
-                        devices, dtypes, in_user_graph, lays_out, parts,
-                        crossing, top_local, split_by_nested | split_wide)
+  return program
+
+
+def _laid_out_outputs(signature, state, result, top_dim, traced):
+  """The program's outputs on the mesh; their placements go to `traced`."""
+  placements, output_wide, outputs = [], [], []
+  for value, axis, per_device in zip(result.values, result.out_axes,
+                                     result.per_device):
+    spec = [None] * value.shape.rank
+    if axis is not None:
+      for split_axis, dim in state.result_splits(
+          per_device, axis, top_dim).items():
+        spec[split_axis] = dim
+    placement = placement_for(traced.mesh_key, tuple(spec))
+    placements.append(placement)
+    wide = (signature.lays_out and not signature.in_user_graph and
+            small_values.is_small_replicated(spec, value.shape, value.dtype))
+    output_wide.append(wide)
+    if wide:
+      # Whole on each device first: a nested pmap's result may be split.
+      value = _relayout(small_values.widen(
+          _relayout(value, placement.layout)),
+                        small_values.wide_layout(placement.mesh))
+    elif signature.lays_out:
+      value = _relayout(value, placement.layout)
+    outputs.append(value)
+  traced.placements, traced.output_wide = tuple(placements), tuple(output_wide)
+  return outputs
+
+
+def _laid_out_effects(signature, result, top_dim, traced):
+  """The values of the program's prints and checks, after its outputs."""
+  placements, outputs = [], []
+  for value in _effect_values(result.effects):
+    # Split over the outermost axis like a mapped output: no device
+    # sends its part to another.
+    placement = placement_for(
+        traced.mesh_key, (top_dim,) + (None,) * (value.shape.rank - 1))
+    placements.append(placement)
+    outputs.append(_relayout(value, placement.layout) if signature.lays_out
+                   else value)
+  traced.effect_placements = tuple(placements)
+  return outputs
+
+
+def _check_program(options, concrete, open_sizes, mesh_key, specs):
+  """Raises, before the program runs, for what DTensor would run wrong."""
   new_axis.check_program(concrete.outputs, options.axis_name)
   if not open_sizes:
     _check_no_data_dependent_shapes(concrete.graph, options.axis_name)
-  mesh_key = built["mesh_key"]
   _check_kernel_ranks(concrete.graph, options.axis_name, mesh_key)
+  multiprocess_hooks.check_same_program(
+      lambda: _describe(options, mesh_key, specs, concrete.graph))
+
+
+def _program(signature, state, size, shapes, top_dim, input_wide, program,
+             concrete, traced):
+  """The `Program` of the traced `concrete` function."""
+  mesh_key, result = traced.mesh_key, traced.result
   input_placements = []
-  for leaf, (shape, axis) in enumerate(zip(shapes, axes)):
+  for leaf, (shape, axis) in enumerate(zip(shapes, signature.axes)):
     spec = [None] * len(shape)
     if axis is not None:
       spec[axis] = top_dim
     for original_axis, dim in state.input_splits.get(leaf, {}).items():
       spec[original_axis] = dim
     input_placements.append(placement_for(mesh_key, tuple(spec)))
-  result = built["result"]
-  multiprocess_hooks.check_same_program(
-      lambda: _describe(options, mesh_key, specs, concrete.graph))
   mesh = mesh_lib.mesh_for_axes(*mesh_key)
   graph_def = concrete.graph.as_graph_def()
   replicated_ops.enroll(node.op for node in dtensor_settings.nodes(graph_def))
@@ -400,7 +479,7 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
   # it closes over may be the user's graph tensors, which DTensor cannot
   # place from here.
   function = None
-  if not in_user_graph:
+  if not signature.in_user_graph:
     function = tf_internal.flat_caller(
         concrete, [_on_mesh(value, mesh) for value in concrete.captured_inputs])
   return Program(
@@ -409,12 +488,13 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
       input_wide=input_wide,
       input_blocks=tuple(
           placement_lib.host_blocks(placement, shape)
-          for placement, shape in zip(input_placements, local_shapes)),
-      output_placements=tuple(built["placements"]),
-      output_wide=built["output_wide"],
+          for placement, shape in zip(input_placements,
+                                      signature.local_shapes)),
+      output_placements=traced.placements,
+      output_wide=traced.output_wide,
       output_shapes=tuple(
           tf.TensorShape(placement.local_shape(tuple(v.shape)))
-          for v, placement in zip(result.values, built["placements"])),
+          for v, placement in zip(result.values, traced.placements)),
       output_dtypes=tuple(v.dtype for v in result.values),
       output_treedef=result.treedef,
       inline=program,
@@ -427,11 +507,11 @@ def _trace_whole(options, call, axes, size, shapes, local_shapes, devices,
       device_generation=dtensor_device.generation(),
       may_fail=run_errors.may_fail(graph_def),
       effects=tuple(result.effects),
-      effect_placements=tuple(built["effect_placements"]),
+      effect_placements=traced.effect_placements,
       effect_shapes=tuple(
           tf.TensorShape(placement.local_shape(tuple(value.shape)))
           for value, placement in zip(_effect_values(result.effects),
-                                      built["effect_placements"])))
+                                      traced.effect_placements)))
 
 
 def _effect_values(records):
