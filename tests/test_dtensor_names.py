@@ -195,5 +195,5 @@ def test_under_glibc_the_retry_needs_the_freed_blocks_held():
 def test_every_program_runs_under_each_allocator(allocator):
   assert os.path.exists(_ALLOCATORS[allocator] or "/"), (
       f"{allocator} is not installed: bash .ci/setup installs it")
-  failed, _ = _plain_programs(allocator)
+  failed, _ = _plain_programs(allocator, programs=30)
   assert failed == 0
