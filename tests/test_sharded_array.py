@@ -1,5 +1,6 @@
 """The ShardedArray result type."""
 
+import functools
 import threading
 import time
 
@@ -151,6 +152,46 @@ def test_a_thread_waiting_for_a_result_lets_the_others_run(wait):
   assert beside > 0.25 * alone, (beside, alone)
   assert still_waiting, "the computation did not outlast the window"
 
+
+
+@pytest.mark.parametrize("wait", [lambda out: out.block_until_ready(),
+                                  np.asarray],
+                         ids=["block_until_ready", "np.asarray"])
+def test_a_wait_for_a_program_without_a_loop_lets_the_others_run(wait):
+  # A program without a loop runs under DTensor's multi-device expansion,
+  # whose values the eager executor's wait does not cover.
+  def chain(a, links):
+    product = a
+    for _ in range(links):
+      product = tf.tanh(product @ a)
+    return product
+
+  x = np.random.default_rng(0).standard_normal((8, 256, 256)).astype(
+      np.float32) / 16
+  window, links = 0.3, 8
+  for _ in range(6):  # a chain that outlasts the window three times
+    f = tfspmd.pmap(functools.partial(chain, links=links))
+    np.asarray(f(x))
+    start = time.perf_counter()
+    np.asarray(f(x))
+    took = time.perf_counter() - start
+    if took > 3 * window:
+      break
+    links = int(links * np.ceil(3 * window / max(took, 0.01)))
+  (program,) = f._programs.values()  # pylint: disable=protected-access
+  assert dtensor_settings.MULTI_DEVICE_EXPANSION in program.dtensor_switches
+  out = f(x)
+  alone = _python_iterations_until(time.perf_counter() + window)
+  np.asarray(out)
+  out = f(x)
+  waiter = threading.Thread(target=wait, args=(out,))
+  end = time.perf_counter() + window
+  waiter.start()
+  beside = _python_iterations_until(end)
+  still_waiting = waiter.is_alive()
+  waiter.join()
+  assert beside > 0.25 * alone, (beside, alone)
+  assert still_waiting, "the computation did not outlast the window"
 
 def test_block_until_ready_waits_for_the_values():
   # Under DTensor's multi-device expansion, which tfspmd's programs on CPU

@@ -23,11 +23,13 @@ traced before.
   run under it hangs when later run without it, so each program runs under
   the same switches every time. Not for programs with a loop (a `While`
   op: tf.while_loop, tf.scan, `steps=`), the long calls (training steps):
-  under it, waiting for a program's results holds Python's GIL until they
-  are computed (DTensor's unpack, TF 2.21), so every other Python thread
-  (a tf.data thread placing the next batches) stops meanwhile; without it,
-  the eager executor's wait lets them run. Under it a 10-step MLP training
-  call measured 133-173 ms against 189-194 ms without. After a program
+  under it, DTensor's unpack waits for a program's results holding Python's
+  GIL (TF 2.21); tfspmd waits first for its split and small values without
+  the GIL (`dtensor_device.components`), but not for large replicated
+  ones, so a tf.data thread placing the next batches could stop for the
+  length of a call; without it, the eager executor's wait covers every
+  value. Under it a 10-step MLP training call measured 133-173 ms against
+  189-194 ms without. After a program
   failed in the process, programs with a loop get it too: run as one
   function per device, they would be cancelled with the failed program's
   error (TF 2.21).

@@ -91,9 +91,10 @@ def components(values):
   DTensor's unpack waits for a value still being computed holding the GIL
   (TF 2.21): every other Python thread would stop for as long. The eager
   executor's wait releases it, so it waits first; it covers the values of
-  a program DTensor runs as one function per device, not those of one
-  under its multi-device expansion (`dtensor_settings`), for which unpack
-  still holds the GIL until they are computed.
+  a program DTensor runs as one function per device. For those of one under
+  its multi-device expansion (`dtensor_settings`), which that wait does not
+  cover, each value split over the devices is awaited by asking for it
+  whole on the host (`_awaited`), which waits without the GIL.
 
   A program that failed on some devices is cancelled on the others: a
   value's unpack may report the cancellation where the wait reported the
@@ -102,11 +103,35 @@ def components(values):
   waited = wait_for_programs()
   try:
     with entry:
+      for value in values:
+        _awaited(value)
       return [dtensor.unpack(value) for value in values]
   except tf.errors.CancelledError:
     if waited is not None:
       raise waited from None
     raise
+
+
+def _awaited(value):
+  """Waits, without the GIL, until the split DTensor `value` is computed.
+
+  DTensor refuses to read a value split over its devices on the host, and
+  its error shows the value's blocks (TF 2.21), so the refusal comes once
+  they are computed; reading the value waits with the GIL released, as
+  every read of a tensor does. A replicated value is read only if it is
+  small (a loss): the read copies it. An error of the value (a failed
+  program) is left to unpack to raise.
+  """
+  if (dtensor.fetch_layout(value).is_fully_replicated() and
+      value.shape.num_elements() * value.dtype.size > _SMALL_READ_BYTES):
+    return
+  try:
+    value.numpy()
+  except tf.errors.OpError:
+    pass
+
+
+_SMALL_READ_BYTES = 4096
 
 
 def current(value):

@@ -225,10 +225,9 @@ class ShardedArray:
     Unpacking the DTensor into its per-device tensors waits for each of
     them; the eager executor's own wait does not cover a multi-device
     function's results (DTensor's multi-device expansion, TF 2.21).
-    Other Python threads run during the wait for a program run as one
-    function per device (any program with a loop); they stop during the
-    wait for one under the expansion, which DTensor's unpack makes holding
-    the GIL (`placement_lib.components`).
+    Other Python threads run during the wait, but for an array whole on
+    every device of more than 4 KiB under the expansion: DTensor's unpack
+    waits for it holding the GIL (`placement_lib.components`).
     """
     self._check_alive()
     with multiprocess_hooks.peer_failures():
