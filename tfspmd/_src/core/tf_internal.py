@@ -447,9 +447,7 @@ def op_callback(callback):
 # The checks `before_variable_writes` runs, per thread.
 _write_checks = threading.local()
 _write_guards_lock = threading.Lock()
-# The op wrappers the guards replaced, `(namespace, name, wrapper)`, while
-# any thread is inside `before_variable_writes`; how many are.
-_unguarded = []
+# How many threads are inside `before_variable_writes`.
 _guarded_blocks = [0]
 
 
@@ -466,19 +464,25 @@ def _guarded_write(function, op_type):
   return write
 
 
+@functools.lru_cache(maxsize=1)
 def _variable_write_wrappers():
-  """`(namespace, name, op_type)` of each of TensorFlow's variable writers.
+  """`(namespace, name, wrapper, guarded)` of TensorFlow's variable writers.
 
   `tf.Variable.assign` and its kin, the scatters and the optimizers' apply
-  ops call these module functions (or their `tf.raw_ops` forms).
+  ops call these module functions (or their `tf.raw_ops` forms); `guarded`
+  calls `wrapper` after the checks. Found once per process.
   """
   by_lower_name = {name.lower(): name for name in dir(tf.raw_ops)}
+  found = []
   for module in (_gen_variables, _gen_state, _gen_training):
     for name in dir(module):
       op_type = by_lower_name.get(name.replace("_", ""))
       if op_type is not None and op_types.writes_variable(op_type):
-        yield module, name, op_type
-        yield tf.raw_ops, op_type, op_type
+        for namespace, attribute in ((module, name), (tf.raw_ops, op_type)):
+          wrapper = getattr(namespace, attribute)
+          found.append((namespace, attribute, wrapper,
+                        _guarded_write(wrapper, op_type)))
+  return tuple(found)
 
 
 @contextlib.contextmanager
@@ -492,10 +496,8 @@ def _write_guards():
   """
   with _write_guards_lock:
     if not _guarded_blocks[0]:
-      for namespace, name, op_type in _variable_write_wrappers():
-        wrapper = getattr(namespace, name)
-        _unguarded.append((namespace, name, wrapper))
-        setattr(namespace, name, _guarded_write(wrapper, op_type))
+      for namespace, name, _, guarded in _variable_write_wrappers():
+        setattr(namespace, name, guarded)
     _guarded_blocks[0] += 1
   try:
     yield
@@ -503,9 +505,8 @@ def _write_guards():
     with _write_guards_lock:
       _guarded_blocks[0] -= 1
       if not _guarded_blocks[0]:
-        for namespace, name, wrapper in reversed(_unguarded):
+        for namespace, name, wrapper, _ in _variable_write_wrappers():
           setattr(namespace, name, wrapper)
-        _unguarded.clear()
 
 
 @contextlib.contextmanager

@@ -583,7 +583,7 @@ class _ShardedArraySpec(tf.TensorSpec):
   constant (`small_values`) lies on no mesh there.
   """
   _mesh = None
-  _described = ""
+  _placement = None
 
   @classmethod
   def of(cls, array):
@@ -591,11 +591,15 @@ class _ShardedArraySpec(tf.TensorSpec):
     spec = cls(shape, array.dtype)
     if small_values.is_small(shape, array.dtype):
       return spec
-    spec._mesh = array._placement.mesh  # pylint: disable=protected-access
-    spec._described = (
-        f"one of shape {array.shape.as_list()} on {array.sharding.mesh} "
-        f"(devices {[d.id for d in array.devices()]})")
+    spec._placement = array._placement  # pylint: disable=protected-access
+    spec._mesh = spec._placement.mesh
     return spec
+
+  def described(self):
+    """The array in words, for messages."""
+    return (f"of shape {self.shape.as_list()} on "
+            f"{named_sharding.sharding_of(self._placement).mesh} (devices "
+            f"{[d.id for d in self._placement.devices]})")
 
   def __eq__(self, other):
     return super().__eq__(other) and self._mesh == other._mesh
@@ -626,7 +630,7 @@ def _check_one_mesh(spec, graph):
   elif first._mesh != spec._mesh:  # pylint: disable=protected-access
     raise ValueError(
         f"a tf.function was called with ShardedArrays on different meshes: "
-        f"{first._described}, another {spec._described[len('one '):]}. "  # pylint: disable=protected-access
+        f"one {first.described()}, another {spec.described()}. "
         f"DTensor runs a function on one mesh: put the arrays on one first, "
         f"e.g. `tfspmd.device_put(b, a.sharding)`, or call the function on "
         f"each mesh's arrays apart.")
