@@ -287,3 +287,46 @@ def test_reading_batches_makes_no_eager_executor(monkeypatch):
   assert [int(e) for e in tf_data.dataset_elements(
       tf.data.Dataset.range(3))] == [0, 1, 2]
   assert made == []
+
+
+_READING_BESIDE_A_DATASET_LOOP = """
+import threading
+import numpy as np
+import tensorflow as tf
+import tfspmd
+
+def add_twice(v):
+  return tf.while_loop(lambda t, w: t < 2, lambda t, w: (t + 1, w + 1.0),
+                       (0, v))[1]
+
+f = tfspmd.pmap(add_twice)
+x = np.arange(8, dtype=np.float32)
+stop = threading.Event()
+walked = [0]
+
+def walk_datasets():
+  while not stop.is_set():
+    for _ in tf.data.Dataset.range(200):
+      walked[0] += 1
+
+thread = threading.Thread(target=walk_datasets)
+thread.start()
+try:
+  sums = [float(np.asarray(f(x)).sum()) for _ in range(4000)]
+finally:
+  stop.set()
+  thread.join()
+print(min(sums), max(sums), walked[0] > 0)
+"""
+
+
+def test_reading_results_beside_a_users_dataset_loop():
+  # A user's own thread walks datasets with `for`, which makes and frees an
+  # eager executor per element, while the main thread reads results: the
+  # eager executor's wait, which meets every thread's executors, aborted
+  # the process ("Mutex corrupt") or hung within 2,000 reads in half the
+  # runs. A read of a value split over the devices waits for that value
+  # alone.
+  run = run_python(_READING_BESIDE_A_DATASET_LOOP, timeout=180)
+  # Each of 8 devices adds 1 twice to its element of 0..7: 28 + 16.
+  assert run.stdout.split() == ["44.0", "44.0", "True"]

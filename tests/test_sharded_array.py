@@ -193,6 +193,52 @@ def test_a_wait_for_a_program_without_a_loop_lets_the_others_run(wait):
   assert beside > 0.25 * alone, (beside, alone)
   assert still_waiting, "the computation did not outlast the window"
 
+def test_a_read_does_not_wait_for_another_threads_longer_program():
+  # One thread reads the result of a long program on devices 0-3 while
+  # another calls a short one on devices 4-7 and reads it. The short read
+  # waits for its own program, not for the long one, and the long read's
+  # wait leaves DTensor's device free for the short call meanwhile.
+  devices = tfspmd.devices()
+
+  def chain(a, links):
+    def link(t, product):
+      return t + 1, tf.tanh(product @ a)
+    return tf.while_loop(lambda t, _: t < links, link, (0, a))[1]
+
+  def doubled_three_times(v):
+    return tf.while_loop(lambda t, _: t < 3, lambda t, w: (t + 1, w * 2),
+                         (0, v))[1]
+
+  x = np.random.default_rng(0).standard_normal((4, 256, 256)).astype(
+      np.float32) / 16
+  short = tfspmd.pmap(doubled_three_times, devices=devices[4:])
+  small = np.arange(4, dtype=np.float32)
+  np.testing.assert_array_equal(np.asarray(short(small)), small * 8)
+  links = 100
+  for _ in range(6):  # a long program of at least one second
+    long_program = tfspmd.pmap(functools.partial(chain, links=links),
+                               devices=devices[:4])
+    np.asarray(long_program(x))
+    start = time.perf_counter()
+    np.asarray(long_program(x))
+    alone = time.perf_counter() - start
+    if alone > 1.0:
+      break
+    links = int(links * np.ceil(1.2 / max(alone, 0.01)))
+  started = threading.Event()
+  reader = threading.Thread(
+      target=lambda: (started.set(), np.asarray(long_program(x))))
+  reader.start()
+  started.wait()
+  time.sleep(0.05)
+  start = time.perf_counter()
+  read = np.asarray(short(small))
+  took = time.perf_counter() - start
+  reader.join()
+  np.testing.assert_array_equal(read, small * 8)
+  assert took < 0.8 * alone, (took, alone)
+
+
 def test_block_until_ready_waits_for_the_values():
   # Under DTensor's multi-device expansion, which tfspmd's programs on CPU
   # run with, a call returns before the values exist; block_until_ready

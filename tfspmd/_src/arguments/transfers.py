@@ -315,8 +315,12 @@ def block_until_ready(x: Any) -> Any:
     >>> tfspmd.block_until_ready((out, 1))[0] is out
     True
   """
-  dtensor_device.wait_for_programs()
-  for leaf in tree.flatten(x)[0]:
+  leaves = tree.flatten(x)[0]
+  # A ShardedArray waits for its own program; a tensor has no wait of its
+  # own, so for one the wait is for every program in flight.
+  if any(isinstance(leaf, (tf.Tensor, tf.Variable)) for leaf in leaves):
+    dtensor_device.wait_for_programs()
+  for leaf in leaves:
     if isinstance(leaf, ShardedArray):
       leaf.block_until_ready()
   return x

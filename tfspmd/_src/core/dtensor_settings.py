@@ -27,8 +27,7 @@ traced before.
   GIL (TF 2.21); tfspmd waits first for its split and small values without
   the GIL (`dtensor_device.components`), but not for large replicated
   ones, so a tf.data thread placing the next batches could stop for the
-  length of a call; without it, the eager executor's wait covers every
-  value. Under it a 10-step MLP training call measured 133-173 ms against
+  length of a call; without it, the eager executor's wait covers those. Under it a 10-step MLP training call measured 133-173 ms against
   189-194 ms without. After a program
   failed in the process, programs with a loop get it too: run as one
   function per device, they would be cancelled with the failed program's

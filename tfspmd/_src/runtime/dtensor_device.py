@@ -31,7 +31,8 @@ The wait for the programs in flight waits on every thread's eager executor
 (the process aborts with "Mutex corrupt", segfaults or hangs). A `for` loop
 over a `tf.data.Dataset` makes and frees one per element, so tfspmd's own
 threads read datasets with `tfspmd.adapters.tf_data.dataset_elements`,
-which makes none.
+which makes none, and a read of a value split over the devices does not
+use that wait (`components`).
 """
 
 import threading
@@ -89,22 +90,48 @@ def components(values):
   """The per-device tensors of each DTensor of `values`, once computed.
 
   DTensor's unpack waits for a value still being computed holding the GIL
-  (TF 2.21): every other Python thread would stop for as long. The eager
-  executor's wait releases it, so it waits first; it covers the values of
-  a program DTensor runs as one function per device. For those of one under
-  its multi-device expansion (`dtensor_settings`), which that wait does not
-  cover, each value split over the devices is awaited by asking for it
-  whole on the host (`_awaited`), which waits without the GIL.
+  (TF 2.21): every other Python thread would stop for as long. So each
+  value is awaited first in a way that releases it:
+
+  - A value split over the devices (a small result is held split too,
+    `small_values`) is asked for whole on the host, which DTensor refuses
+    once its blocks are computed (`_refused_once_computed`). That wait
+    reads only the value: it waits for the program that makes it and what
+    runs before that program on its devices, not for programs started
+    later or in other threads, and it leaves DTensor's device free for the
+    other threads' calls meanwhile.
+  - Where a value is whole on every device, the eager executor's wait goes
+    first (`wait_for_programs`): it waits for every program in flight, in
+    every thread, holding `entry`. It does not cover the programs DTensor
+    runs under its multi-device expansion (`dtensor_settings`), whose split
+    and small values are then asked for as above; a larger one is left to
+    unpack, which waits holding the GIL.
 
   A program that failed on some devices is cancelled on the others: a
-  value's unpack may report the cancellation where the wait reported the
-  failure itself, which is then the error raised.
+  value's unpack may report the cancellation where the executor's wait
+  reports the failure itself, which is then the error raised.
   """
+  with entry:
+    split = [not dtensor.fetch_layout(value).is_fully_replicated()
+             for value in values]
+  if values and all(split):
+    for value in values:
+      _refused_once_computed(value)
+    try:
+      with entry:
+        return [dtensor.unpack(value) for value in values]
+    except tf.errors.OpError as error:
+      waited = wait_for_programs()
+      if isinstance(error, tf.errors.CancelledError) and waited is not None:
+        raise waited from None
+      raise
   waited = wait_for_programs()
   try:
     with entry:
-      for value in values:
-        _awaited(value)
+      for value, is_split in zip(values, split):
+        if is_split or (value.shape.num_elements() * value.dtype.size <=
+                        _SMALL_READ_BYTES):
+          _refused_once_computed(value)
       return [dtensor.unpack(value) for value in values]
   except tf.errors.CancelledError:
     if waited is not None:
@@ -112,19 +139,17 @@ def components(values):
     raise
 
 
-def _awaited(value):
-  """Waits, without the GIL, until the split DTensor `value` is computed.
+def _refused_once_computed(value):
+  """Waits, without the GIL, until the DTensor `value` is computed.
 
   DTensor refuses to read a value split over its devices on the host, and
   its error shows the value's blocks (TF 2.21), so the refusal comes once
-  they are computed; reading the value waits with the GIL released, as
-  every read of a tensor does. A replicated value is read only if it is
-  small (a loss): the read copies it. An error of the value (a failed
+  they are computed; the read waits with the GIL released, as every read
+  of a tensor does, and touches nothing of DTensor's device but the value.
+  A replicated value is read whole (under `entry`: DTensor waits for every
+  program then), so only a small one is. An error of the value (a failed
   program) is left to unpack to raise.
   """
-  if (dtensor.fetch_layout(value).is_fully_replicated() and
-      value.shape.num_elements() * value.dtype.size > _SMALL_READ_BYTES):
-    return
   try:
     value.numpy()
   except tf.errors.OpError:
