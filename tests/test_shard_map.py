@@ -1,6 +1,6 @@
 """shard_map over named meshes, against NumPy (8 logical CPU devices).
 
-Its errors are in the catalogue (tests/test_errors.py, group "shard_map and
+Its errors are in the catalogue (tests/error_cases_shard_map.py, group "shard_map and
 meshes").
 """
 

@@ -4,7 +4,7 @@ JAX's `jax.shard_map(f, *, mesh, in_specs, out_specs, check_vma)`, the
 older `jax.experimental.shard_map.shard_map(f, mesh, in_specs, out_specs,
 check_rep, auto)`, the decorator forms, and a shard_map without a mesh
 inside `tfspmd.set_mesh`. Their errors are in the catalogue
-(tests/test_errors.py, group "shard_map and meshes").
+(tests/error_cases_shard_map.py, group "shard_map and meshes").
 """
 
 import functools
