@@ -13,7 +13,8 @@ Sections:
               1 MiB and 64 MiB per device: bus bandwidth (NCCL-tests'
               definition) against jax and this machine's memcpy
   training    data-parallel MLP and conv-net steps, examples per second, at
-              K = 1 and K = 100 steps per call
+              K = 1 and K = 100 steps per call; beside jax and
+              MirroredStrategy, the same steps written directly in DTensor
   compile     first two calls (trace + compile + run) of the MLP and conv
               steps, each in fresh processes taking turns
   memory      peak host RSS while placing a 1 GiB mapped input (a child
@@ -409,6 +410,54 @@ def _mirrored_contender(count, model, k):
   return _blocking(call)
 
 
+def _plain_dtensor_contender(count, model, k):
+  """The same training written directly in DTensor, without tfspmd.
+
+  The batch is split over a 1-D mesh, the parameters replicated, and the
+  K steps a `tf.while_loop` in one jit-compiled function: what DTensor
+  itself costs for the program tfspmd makes of the pmapped step.
+  """
+  init, tf_logits, _, feature_shape = MODELS[model]
+  x, y = _batches(count, k, feature_shape)
+  mesh = dtensor.create_mesh([(AXIS, count)],
+                             devices=[f"CPU:{d}" for d in range(count)])
+
+  def split_rows(per_device):
+    # (count, k, batch, ...) -> the global (k, count * batch, ...), split.
+    rank = per_device.ndim - 1
+    layout = dtensor.Layout(
+        [dtensor.UNSHARDED, AXIS] + [dtensor.UNSHARDED] * (rank - 2), mesh)
+    return dtensor.pack([tf.constant(block) for block in per_device], layout)
+
+  xs, ys = split_rows(x), split_rows(y)
+
+  @tf.function(jit_compile=True)
+  def train(params, xs, ys):
+    def step(t, params, _):
+      # Pinned: DTensor's layout propagation would split a conv's input
+      # spatially, which it supports only on TPU.
+      x_t, y_t = (dtensor.relayout(v[t], dtensor.Layout.batch_sharded(
+          mesh, AXIS, rank=v.shape.rank - 1)) for v in (xs, ys))
+      with tf.GradientTape() as tape:
+        tape.watch(params)
+        loss = _tf_loss(tf_logits, params, x_t, y_t)
+      grads = tape.gradient(loss, params)
+      return t + 1, [p - 0.1 * g for p, g in zip(params, grads)], loss
+    _, params, loss = tf.while_loop(lambda t, *_: t < k, step,
+                                    (0, params, 0.0))
+    return params, loss
+
+  state = {"params": [
+      dtensor.copy_to_mesh(tf.constant(p), dtensor.Layout.replicated(
+          mesh, p.ndim)) for p in init()]}
+
+  def call():
+    state["params"], loss = train(state["params"], xs, ys)
+    return loss.numpy()
+
+  return _blocking(call)
+
+
 def training(count, options):
   rows, results = [], {}
   for model in MODELS:
@@ -417,6 +466,8 @@ def training(count, options):
         continue
       contenders, _ = _training_contenders(count, model, k)
       contenders[f"MirroredStrategy K={k}"] = _mirrored_contender(count, model, k)
+      contenders[f"plain DTensor K={k}"] = _plain_dtensor_contender(
+          count, model, k)
       summary = timing.summarize(timing.interleaved(
           contenders, rounds=options.rounds, calls_per_round=2 if k == 1 else 1,
           warmup=2))
