@@ -7,17 +7,15 @@ each route notes the op types it took while a program traces.
 """
 
 import contextlib
-import threading
+
+from tfspmd._src.core import trace_context
 
 PER_POSITION = "per position"
 REPLICATED = "replicated"
 
-_local = threading.local()
-
-
 def record(route, op_type):
   """Notes that ops of `op_type` took `route` (when recording)."""
-  routes = getattr(_local, "routes", None)
+  routes = trace_context.this_thread.routes
   if routes is not None:
     routes.setdefault(route, set()).add(op_type)
 
@@ -32,9 +30,9 @@ def recording():
     >>> routes
     {'replicated': {'Cumprod'}}
   """
-  previous = getattr(_local, "routes", None)
-  _local.routes = {}
+  context = trace_context.this_thread
+  previous, context.routes = context.routes, {}
   try:
-    yield _local.routes
+    yield context.routes
   finally:
-    _local.routes = previous
+    context.routes = previous

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 import contextlib
 import functools
 import inspect
-import threading
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,7 @@ from tfspmd._src.arguments import arguments
 from tfspmd._src.arguments import transfers
 from tfspmd._src.core import lru
 from tfspmd._src.core import tf_internal
+from tfspmd._src.core import trace_context
 from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import dtensor_device
 from tfspmd._src.runtime import mesh_context
@@ -47,23 +47,19 @@ from tfspmd._src.trees import tree
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
-# The `Mesh` of the jitted function being traced in this thread, or None.
-_tracing = threading.local()
-
-
 def tracing_mesh() -> Mesh | None:
   """The mesh of the `tfspmd.jit` function this thread traces, or None."""
-  return getattr(_tracing, "mesh", None)
+  return trace_context.this_thread.jit_mesh
 
 
 @contextlib.contextmanager
 def _traced_on(mesh):
-  enclosing = tracing_mesh()
-  _tracing.mesh = mesh
+  context = trace_context.this_thread
+  enclosing, context.jit_mesh = context.jit_mesh, mesh
   try:
     yield
   finally:
-    _tracing.mesh = enclosing
+    context.jit_mesh = enclosing
 
 
 def _positions(value, name, count=None):

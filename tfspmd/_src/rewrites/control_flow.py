@@ -30,7 +30,6 @@ under jax.pmap either.
 import contextlib
 import functools
 import math
-import threading
 
 import numpy as np
 import tensorflow as tf
@@ -40,6 +39,7 @@ from tfspmd._src.core import op_types
 from tfspmd._src.core import stacking
 from tfspmd._src.core import static_values
 from tfspmd._src.core import tf_internal
+from tfspmd._src.core import trace_context
 from tfspmd._src.rewrites import branch_slices
 from tfspmd._src.rewrites import counted_loops
 from tfspmd._src.rewrites import dtensor_rewrites
@@ -403,11 +403,6 @@ def _loop_stacking(op_inputs, cond_graph, body_graph, values):
       return stacked, predicate.stacked
 
 
-# The `_loop_stacking` results of the vectorization being traced (see
-# `remembered_loop_stacking`); None outside one.
-_found_stacking = threading.local()
-
-
 @contextlib.contextmanager
 def remembered_loop_stacking():
   """Within, each loop's stacking is found once per stacked inputs.
@@ -419,17 +414,17 @@ def remembered_loop_stacking():
   of the loop's inputs are stacked (the loop size is the same throughout
   one vectorization), so it is kept for the vectorization.
   """
-  enclosing = getattr(_found_stacking, "results", None)
-  _found_stacking.results = {}
+  context = trace_context.this_thread
+  enclosing, context.loop_stacking = context.loop_stacking, {}
   try:
     yield
   finally:
-    _found_stacking.results = enclosing
+    context.loop_stacking = enclosing
 
 
 def _remembered_loop_stacking(op_inputs, cond_graph, body_graph, values):
   """`_loop_stacking`, found once per loop and stacked inputs."""
-  results = getattr(_found_stacking, "results", None)
+  results = trace_context.this_thread.loop_stacking
   if results is None:
     return _loop_stacking(op_inputs, cond_graph, body_graph, values)
   key = (op_inputs.op, tuple(v.stacked for v in values))

@@ -28,13 +28,13 @@ the per-device function traces (`rewriting_traced_ops`).
 
 import contextlib
 import string
-import threading
 
 import tensorflow as tf
 
 from tfspmd._src.core import stacking
 from tfspmd._src.core import static_values
 from tfspmd._src.core import tf_internal
+from tfspmd._src.core import trace_context
 from tfspmd._src.rewrites import rank_limits
 from tfspmd._src.rewrites import static_segments
 
@@ -44,9 +44,6 @@ _do_not_convert = tf.autograph.experimental.do_not_convert
 def einsum_applies(operation):
   """Whether an Einsum takes this module's route: one with broadcast `...`."""
   return b"..." in operation.get_attr("equation")
-
-
-_rewriting = threading.local()
 
 
 @contextlib.contextmanager
@@ -63,15 +60,16 @@ def rewriting_traced_ops():
   trace within their enclosing one's: the rewrite is installed once, by
   the outermost.
   """
-  if getattr(_rewriting, "active", False):
+  context = trace_context.this_thread
+  if context.rewriting_ops:
     yield
     return
-  _rewriting.active = True
+  context.rewriting_ops = True
   try:
     with tf_internal.op_callback(_rewritten_op):
       yield
   finally:
-    _rewriting.active = False
+    context.rewriting_ops = False
 
 
 def _rewritten_op(op_type, inputs, attrs, outputs, op_name=None, graph=None):

@@ -15,11 +15,11 @@ computed. Prints and checks are kept to the devices that reach them by
 """
 
 import contextlib
-import threading
 
 import tensorflow as tf
 
 from tfspmd._src.core import tf_internal
+from tfspmd._src.core import trace_context
 from tfspmd._src.rewrites import dtensor_rewrites
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
@@ -54,13 +54,8 @@ _SAFE_INPUTS = {
 }
 GUARDED_TYPES = frozenset(_SAFE_INPUTS)
 
-_state = threading.local()
-
-
 def _masks():
-  if not hasattr(_state, "masks"):
-    _state.masks = [None]
-  return _state.masks
+  return trace_context.this_thread.lane_masks
 
 
 @contextlib.contextmanager
@@ -70,15 +65,12 @@ def vectorizing():
   A nested pmap is vectorized while its enclosing function is traced, with
   a loop of its own size: masks of the enclosing conversion do not apply.
   """
-  saved = getattr(_state, "masks", None)
-  _state.masks = [None]
+  context = trace_context.this_thread
+  saved, context.lane_masks = context.lane_masks, [None]
   try:
     yield
   finally:
-    if saved is None:
-      del _state.masks
-    else:
-      _state.masks = saved
+    context.lane_masks = saved
 
 
 def reached():

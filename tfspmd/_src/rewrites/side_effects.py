@@ -18,13 +18,16 @@ leading axis per level, outermost first.
 
 import contextlib
 import dataclasses
-import threading
 
 import numpy as np
 import tensorflow as tf
 
 from tfspmd._src.core import tf_internal
+from tfspmd._src.core import trace_context
 from tfspmd._src.runtime import axis_env
+
+# This thread's traces (`trace_context`).
+_context = trace_context.this_thread
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
@@ -72,26 +75,15 @@ class _Recorder:
     self.scopes = [(None, ())]
 
 
-class _Recorders(threading.local):
-  """This thread's recorders, innermost last: each thread traces its own."""
-
-  def __init__(self):
-    super().__init__()
-    self.stack = []
-
-
-_recorders = _Recorders()
-
-
 @contextlib.contextmanager
 def recording():
   """Collects the records of the effects pfor converts inside the block."""
   recorder = _Recorder()
-  _recorders.stack.append(recorder)
+  _context.recorders.append(recorder)
   try:
     yield recorder.records
   finally:
-    _recorders.stack.pop()
+    _context.recorders.pop()
 
 
 @contextlib.contextmanager
@@ -103,7 +95,7 @@ def branch(mask, key):
       scalar for all of them.
     key: Where the branch lies in the user's program (for the order).
   """
-  recorder = _recorders.stack[-1]
+  recorder = _context.recorders[-1]
   outer_mask, outer_key = recorder.scopes[-1]
   if outer_mask is not None:
     mask = tf.logical_and(outer_mask, mask)
@@ -217,7 +209,7 @@ def _static_string(tensor, operation):
 
 def _record(record):
   """Adds `record` to the recording, masked by the branches around it."""
-  recorder = _recorders.stack[-1]
+  recorder = _context.recorders[-1]
   mask, key = recorder.scopes[-1]
   if mask is not None:
     lead_shape = record.lead_shape

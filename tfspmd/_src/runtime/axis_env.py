@@ -12,12 +12,15 @@ mesh split the same way.
 
 import contextlib
 import dataclasses
-import threading
 
 import tensorflow as tf
 
 from tfspmd._src.core import merged_dims
+from tfspmd._src.core import trace_context
 from tfspmd._src.runtime import mesh as mesh_lib
+
+# This thread's traces (`trace_context`).
+_context = trace_context.this_thread
 
 
 @dataclasses.dataclass
@@ -149,20 +152,9 @@ class TraceState:
     return on_slice
 
 
-class _State(threading.local):
-
-  def __init__(self):
-    super().__init__()
-    self.frames = []
-    self.trace = None
-
-
-_state = _State()
-
-
 def frames():
   """The bound axes, outermost first."""
-  return tuple(_state.frames)
+  return tuple(_context.frames)
 
 
 def split_leading_dims():
@@ -174,10 +166,10 @@ def split_leading_dims():
   level. A reshape that merged one of them would move data between the
   devices.
   """
-  state = _state.trace
+  state = _context.trace
   if state is None:
     return 0
-  return max(len(state.mesh_axes) - len(_state.frames), 0)
+  return max(len(state.mesh_axes) - len(_context.frames), 0)
 
 
 merged_dims.split_leading_dims = split_leading_dims
@@ -185,33 +177,33 @@ merged_dims.split_leading_dims = split_leading_dims
 
 def trace_state():
   """The `TraceState` of the top-level pmap being traced, or None."""
-  return _state.trace
+  return _context.trace
 
 
 @contextlib.contextmanager
 def bound_axis(frame):
   """Binds `frame`'s axis name while the body traces."""
-  _state.frames.append(frame)
+  _context.frames.append(frame)
   try:
     yield frame
   finally:
-    _state.frames.pop()
+    _context.frames.pop()
 
 
 @contextlib.contextmanager
 def tracing(state):
   """Opens the trace of a top-level pmap."""
-  saved_frames, saved_trace = _state.frames, _state.trace
-  _state.frames, _state.trace = [], state
+  saved_frames, saved_trace = _context.frames, _context.trace
+  _context.frames, _context.trace = [], state
   try:
     yield state
   finally:
-    _state.frames, _state.trace = saved_frames, saved_trace
+    _context.frames, _context.trace = saved_frames, saved_trace
 
 
 def check_not_bound(axis_name, transform):
   """Raises if an enclosing map already binds `axis_name`."""
-  for frame in _state.frames:
+  for frame in _context.frames:
     if frame.name == axis_name:
       raise ValueError(
           f"{transform}: axis name {_describe(axis_name)} is already bound by "
@@ -224,7 +216,7 @@ def _describe(name):
 
 
 def unbound_axis_error(name, function):
-  bound = [_describe(frame.name) for frame in _state.frames]
+  bound = [_describe(frame.name) for frame in _context.frames]
   if bound:
     where = ("The following axis names (bound by enclosing pmaps and vmaps) "
              f"are available: {', '.join(bound)}.")
@@ -246,7 +238,7 @@ def normalize_axis_names(axis_name, function):
   """
   names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
   by_name = {}
-  for frame in _state.frames:
+  for frame in _context.frames:
     by_name[frame.name] = frame
   found = []
   for name in names:
