@@ -38,7 +38,8 @@ class Resplitter:
 
   def __init__(self, state):
     self._state = state
-    _, self.size, self._dim = state.mesh_axes[0]
+    axis = state.mesh_axes[0]
+    self.size, self._dim = axis.size, axis.dim
 
   def split_along(self, tensor, axis):
     """`tensor` relaid out split along `axis` over the mesh, whole elsewhere."""
@@ -76,7 +77,7 @@ def for_frame(frame, dtype):
   state = axis_env.trace_state()
   if (state is None or not state.lays_out or len(state.mesh_axes) != 1 or
       dtype not in _ALL_TO_ALL_DTYPES or frame.mesh_dim is None or
-      frame.mesh_dim != state.mesh_axes[0][2] or
+      frame.mesh_dim != state.mesh_axes[0].dim or
       not dtensor_settings.in_id_order(state.mesh_key().devices)):
     return None
   return Resplitter(state)

@@ -108,7 +108,9 @@ def _check_whole(state, options, values, axes, size, depth):
   The global size is the pmap's `axis_size`, or that found for the depth
   (another pmap's there).
   """
-  known = options.args.axis_size or state.crossing.get(depth, (None, None))[1]
+  crossing = state.crossing.get(depth)
+  known = options.args.axis_size or (
+      None if crossing is None else crossing.size)
   if known is None or known == size or known % size:
     return
   splits = []
@@ -152,17 +154,17 @@ def top_size(size, crossing, names):
 
   Every process's devices hold as many grid positions, so the grid holds
   the process count times theirs; the nested axes in `crossing` (depth ->
-  `(local, global)` sizes, `names` their axis names) take their global
-  sizes of it.
+  `axis_env.Crossing`, `names` their axis names) take their global sizes
+  of it.
   """
   count = devices_lib.process_count() * size
-  for local, _ in crossing.values():
-    count *= local
-  inner = math.prod(global_size for _, global_size in crossing.values())
+  for axis in crossing.values():
+    count *= axis.local
+  inner = math.prod(axis.size for axis in crossing.values())
   if count % inner:
     processes = devices_lib.process_count()
-    axes = ", ".join(f"{names[depth]!r} ({global_size})"
-                     for depth, (_, global_size) in crossing.items())
+    axes = ", ".join(f"{names[depth]!r} ({axis.size})"
+                     for depth, axis in crossing.items())
     raise ValueError(
         f"pmap: the nested axes crossing processes, {axes}, have global "
         f"sizes whose product {inner} does not divide the {count} grid "
@@ -181,18 +183,18 @@ def _register_nested_axis(state, axis_name, size, depth, mesh_dim):
   pmaps take `axis_<depth>`, or another name if a shard_map's axis has it.
   """
   if depth < len(state.mesh_axes):
-    _, known_size, dim = state.mesh_axes[depth]
-    if known_size != size:
+    known = state.mesh_axes[depth]
+    if known.size != size:
       raise ValueError(
           f"nested pmaps at the same depth must have the same size to share "
           f"a mesh dimension: axis {axis_name!r} has size {size}, another "
-          f"pmap at that depth has size {known_size}.")
-    return dim
+          f"pmap at that depth has size {known.size}.")
+    return known.dim
   total = size
-  for _, outer_size, _ in state.mesh_axes:
-    total *= outer_size
+  for outer in state.mesh_axes:
+    total *= outer.size
   if total > state.max_devices:
-    shape = " x ".join(str(s) for _, s, _ in state.mesh_axes) + f" x {size}"
+    shape = " x ".join(str(a.size) for a in state.mesh_axes) + f" x {size}"
     message = (f"compiling computation that requires {total} replicas "
                f"({shape} nested pmaps), but only {state.max_devices} devices "
                f"are available (num_replicas={total}).")
@@ -208,11 +210,11 @@ def _register_nested_axis(state, axis_name, size, depth, mesh_dim):
           f"(docs/multiprocess.md); or use tfspmd.shard_map over a "
           f"tfspmd.make_mesh of tfspmd.devices().")
     raise ValueError(message)
-  taken = {dim for _, _, dim in state.mesh_axes}
+  taken = {axis.dim for axis in state.mesh_axes}
   dim = mesh_dim or mesh_lib.mesh_dim_name(depth)
   while dim in taken:
     dim = "_" + dim
-  state.mesh_axes.append((axis_name, size, dim))
+  state.mesh_axes.append(mesh_lib.MeshAxis(axis_name, size, dim))
   return dim
 
 
@@ -228,10 +230,11 @@ def check_parts(state, top_local):
     state: The trace's `TraceState`, every nested axis registered.
     top_local: The outermost axis's size in this process's inputs.
   """
-  names = [name for name, _, _ in state.mesh_axes]
-  sizes = [size for _, size, _ in state.mesh_axes]
-  local = [top_local] + [state.crossing.get(depth, (size, None))[0]
-                         for depth, size in enumerate(sizes) if depth]
+  names = [axis.name for axis in state.mesh_axes]
+  sizes = [axis.size for axis in state.mesh_axes]
+  local = [top_local] + [
+      state.crossing[depth].local if depth in state.crossing else size
+      for depth, size in enumerate(sizes) if depth]
   block = placement_lib.process_block(
       np.array(state.mesh_key().devices, dtype=object).reshape(sizes))
   if block.is_block and list(block.extents) == local:

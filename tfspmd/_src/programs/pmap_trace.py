@@ -245,7 +245,7 @@ def _trace_of_process_parts(signature, size, trace):
       if axis is not None:
         shapes[leaf][axis] = size
     for (leaf, axis), depth in splits.items():
-      shapes[leaf][axis] = crossing[depth][1]
+      shapes[leaf][axis] = crossing[depth].size
     try:
       return trace(size, [tuple(s) for s in shapes], parts=True,
                    crossing=dict(crossing))
@@ -257,7 +257,7 @@ def _trace_of_process_parts(signature, size, trace):
             f"its axis of global size {found.size} in every trace; with "
             f"several processes give the nested pmaps at one depth the same "
             f"axis_size (docs/multiprocess.md).") from None
-      crossing[found.depth] = (found.local, found.size)
+      crossing[found.depth] = axis_env.Crossing(found.local, found.size)
       names[found.depth] = found.axis_name
       splits.update((split, found.depth) for split in found.splits)
 
@@ -331,7 +331,7 @@ def _trace_whole(signature, size, shapes, parts, crossing,
   # where nothing lays its values out.
   open_sizes = any(None in shape for shape in shapes)
   state = axis_env.TraceState(
-      mesh_axes=[(options.axis_name, size, top_dim)],
+      mesh_axes=[mesh_lib.MeshAxis(options.axis_name, size, top_dim)],
       max_devices=(len(signature.devices) if options.devices is None
                    else size),
       devices=signature.devices, lays_out=signature.lays_out, parts=parts,

@@ -12,6 +12,7 @@ mesh split the same way.
 
 import contextlib
 import dataclasses
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -57,13 +58,24 @@ class Origin:
   axes: tuple
 
 
+class Crossing(NamedTuple):
+  """The sizes of a nested axis that crosses processes.
+
+  Attributes:
+    local: How many of its positions each process's inputs hold.
+    size: Its global size.
+  """
+  local: int
+  size: int
+
+
 @dataclasses.dataclass
 class TraceState:
   """What a top-level pmap learns while tracing its program.
 
   Attributes:
-    mesh_axes: `(axis_name, size, mesh_dim)` of every pmap level, outermost
-      first; nested pmaps append theirs.
+    mesh_axes: The `mesh.MeshAxis` of every pmap level, outermost first;
+      nested pmaps append theirs.
     max_devices: How many devices the nested product may use.
     input_splits: leaf -> {original axis: mesh_dim} found by nested pmaps.
     devices: The devices the program's mesh is made of.
@@ -75,8 +87,8 @@ class TraceState:
       axes (a pmap's with several processes): a nested pmap's `axis_size`
       is then the global size of its axis, of which the inputs may hold
       this process's positions only (`pmap_nested.CrossingAxis`).
-    crossing: depth -> `(local, global)` sizes of each nested axis found
-      by earlier traces to cross processes.
+    crossing: depth -> the `Crossing` of each nested axis found by earlier
+      traces to cross processes.
     given_devices: Whether the top-level pmap was given `devices=`: its
       nested pmaps' grid is then not over `tfspmd.devices()`.
   """

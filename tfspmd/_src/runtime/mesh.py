@@ -43,6 +43,19 @@ def dim_name_problem(name):
   return None
 
 
+class MeshAxis(NamedTuple):
+  """One pmap level's axis on its program's mesh.
+
+  Attributes:
+    name: The axis name the mapped function uses.
+    size: The axis size.
+    dim: The mesh dimension it lies on.
+  """
+  name: object
+  size: int
+  dim: str
+
+
 class MeshKey(NamedTuple):
   """What identifies a mesh: the arguments of `mesh_for_axes`.
 
@@ -110,13 +123,14 @@ def layout_on(key, spec):
 
 
 def mesh_key(mesh_axes, devices):
-  """The mesh over the first devices of each process, process by process.
+  """The mesh of `mesh_axes` (`MeshAxis`es, outermost first) on `devices`.
 
-  The outermost axis spans the processes; a nested pmap's axes lie within
+  The mesh is over the first devices of each process, process by process:
+  the outermost axis spans the processes; a nested pmap's axes lie within
   each process, as in JAX.
   """
-  dims = tuple(dim for _, _, dim in mesh_axes)
-  sizes = tuple(size for _, size, _ in mesh_axes)
+  dims = tuple(axis.dim for axis in mesh_axes)
+  sizes = tuple(axis.size for axis in mesh_axes)
   count = int(np.prod(sizes))
   if len(devices) == count:
     return MeshKey(dims, sizes, tuple(devices))
