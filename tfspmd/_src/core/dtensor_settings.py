@@ -12,6 +12,11 @@ the first pmap: a program first run under multi-device expansion hangs
 when run without it (below), so changing that one later may stop programs
 traced before.
 
+This module makes every change tfspmd makes to the C environment, under
+`lock`: these switches while a program is called (they differ from program
+to program, so they cannot be set once), and the switches DTensor reads
+once per process (`set_for_process`).
+
 - `DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION`: DTensor expands the program into
   one function over all devices instead of one per device, which halves
   the cost of a call (x + 1 on 8 CPU devices: 883 -> 476 us). Only for
@@ -59,7 +64,13 @@ COLLECTIVE_GATHER = "LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2"
 _OFF = ("0", "false", "no", "off", "")
 _WIDE_UNSIGNED = (types_pb2.DT_UINT32, types_pb2.DT_UINT64)
 
-_lock = threading.Lock()
+# DTensor's device is not safe to enter from two threads at once, and it
+# reads the C environment whenever it lowers or runs a function, which a
+# change of the environment in another thread may be reallocating (TF 2.21;
+# glibc's getenv and setenv): one lock guards both. Every call into DTensor's
+# device holds it (`dtensor_device.entry`), and so does every change tfspmd
+# makes to the C environment, which this module alone makes.
+lock = threading.RLock()
 
 
 def user_settings(environ):
@@ -164,6 +175,17 @@ def _has_wide_unsigned(graph_def):
   return False
 
 
+def set_for_process(name):
+  """Sets the DTensor switch `name` in the C environment from now on.
+
+  For the switches DTensor reads once per process (`replicated_ops`).
+  """
+  with lock:
+    # putenv, not os.environ: DTensor reads the C environment, and the
+    # user's os.environ stays as the user left it.
+    os.putenv(name, "1")
+
+
 def applied(names):
   """Sets the switches `names` while the block runs (one block at a time).
 
@@ -186,13 +208,13 @@ class _Applied:
   def __enter__(self):
     # putenv, not os.environ: DTensor reads the C environment, and the
     # user's os.environ stays as the user left it.
-    _lock.acquire()
+    lock.acquire()
     try:
       self._ours = [name for name in self._names if name not in os.environ]
       for name in self._ours:
         os.putenv(name, "1")
     except BaseException:
-      _lock.release()
+      lock.release()
       raise
 
   def __exit__(self, *exc_info):
@@ -200,4 +222,4 @@ class _Applied:
       for name in self._ours:
         os.unsetenv(name)
     finally:
-      _lock.release()
+      lock.release()

@@ -14,9 +14,7 @@ for the process, so tfspmd names every op type of a program before the
 program first runs. An op type that has an expander never reads it.
 """
 
-import os
-import threading
-
+from tfspmd._src.core import dtensor_settings
 from tfspmd._src.core import route_log
 
 _PREFIX = "DTENSOR_ENABLE_REPLICATED_SPMD_AS_DEFAULT_TF."
@@ -67,7 +65,6 @@ StatelessIf StatelessWhile While _Arg _Retval
 """.split())
 
 _enrolled = set()
-_lock = threading.Lock()
 
 
 def enroll(op_types):
@@ -81,12 +78,10 @@ def enroll(op_types):
     The op types of `op_types` that take the replicated route, sorted.
   """
   replicated = sorted(set(op_types) - EXPANDED - _STRUCTURAL)
-  with _lock:
+  with dtensor_settings.lock:
     for op_type in replicated:
       route_log.record(route_log.REPLICATED, op_type)
       if op_type not in _enrolled:
-        # putenv, not os.environ: DTensor reads the C environment, and the
-        # user's os.environ stays as the user left it.
-        os.putenv(_PREFIX + op_type.upper(), "1")
+        dtensor_settings.set_for_process(_PREFIX + op_type.upper())
         _enrolled.add(op_type)
   return replicated

@@ -24,7 +24,9 @@ a failure run under DTensor's multi-device expansion
 (`dtensor_settings.for_program`).
 
 DTensor's device is not safe to enter from two threads at once (TF 2.21).
-Every call tfspmd makes into it, in whichever thread, holds `entry`.
+Every call tfspmd makes into it, in whichever thread, holds `entry`, the
+lock under which tfspmd also changes the C environment DTensor reads
+(`dtensor_settings.lock`).
 
 The wait for the programs in flight waits on every thread's eager executor
 (TF 2.21): one that another thread frees meanwhile is used after it is freed
@@ -40,10 +42,12 @@ import threading
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
+from tfspmd._src.core import dtensor_settings
 from tfspmd._src.core import tf_internal
 
 _lock = threading.Lock()
-entry = threading.RLock()
+# Held by every call into DTensor's device; the C environment's lock too.
+entry = dtensor_settings.lock
 _generation = 0
 _replaced = {}  # device name -> replaced DTensorDevice, to read its values.
 
