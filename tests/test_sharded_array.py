@@ -157,20 +157,28 @@ def test_a_thread_waiting_for_a_result_lets_the_others_run(wait):
 @pytest.mark.parametrize("wait", [lambda out: out.block_until_ready(),
                                   np.asarray],
                          ids=["block_until_ready", "np.asarray"])
-def test_a_wait_for_a_program_without_a_loop_lets_the_others_run(wait):
+@pytest.mark.parametrize("whole_on_each_device", [False, True],
+                         ids=["split", "whole on each device"])
+def test_a_wait_for_a_program_without_a_loop_lets_the_others_run(
+    wait, whole_on_each_device):
   # A program without a loop runs under DTensor's multi-device expansion,
-  # whose values the eager executor's wait does not cover.
+  # whose values the eager executor's wait does not cover. A result whole
+  # on each device (256 KiB here) was left to DTensor's unpack, which waits
+  # holding the GIL.
   def chain(a, links):
     product = a
     for _ in range(links):
       product = tf.tanh(product @ a)
+    if whole_on_each_device:
+      return lax.pmean(product, "i")
     return product
 
   x = np.random.default_rng(0).standard_normal((8, 256, 256)).astype(
       np.float32) / 16
   window, links = 0.3, 8
   for _ in range(6):  # a chain that outlasts the window three times
-    f = tfspmd.pmap(functools.partial(chain, links=links))
+    f = tfspmd.pmap(functools.partial(chain, links=links), "i",
+                    out_axes=None if whole_on_each_device else 0)
     np.asarray(f(x))
     start = time.perf_counter()
     np.asarray(f(x))

@@ -28,12 +28,9 @@ once per process (`set_for_process`).
   run under it hangs when later run without it, so each program runs under
   the same switches every time. Not for programs with a loop (a `While`
   op: tf.while_loop, tf.scan, `steps=`), the long calls (training steps):
-  under it, DTensor's unpack waits for a program's results holding Python's
-  GIL (TF 2.21); tfspmd waits first for its split and small values without
-  the GIL (`dtensor_device.components`), but not for large replicated
-  ones, so a tf.data thread placing the next batches could stop for the
-  length of a call; without it, the eager executor's wait covers those. Under it a 10-step MLP training call measured 133-173 ms against
-  189-194 ms without. After a program
+  they run as one function per device, whose calls the eager executor's
+  wait covers, and in benchmarks/compare.py's training the expansion
+  changed their time by less than the machine's noise. After a program
   failed in the process, programs with a loop get it too: run as one
   function per device, they would be cancelled with the failed program's
   error (TF 2.21).

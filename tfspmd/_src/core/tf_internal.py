@@ -235,6 +235,15 @@ def wait_for_pending_ops():
   _context.async_wait()
 
 
+def host_view(tensor):
+  """`tensor`'s value as a NumPy array sharing its buffer (no copy).
+
+  Waits for the value with the GIL released, as every read of a tensor
+  does; `.numpy()` would copy the buffer as well.
+  """
+  return tensor._numpy()  # pylint: disable=protected-access
+
+
 def dtensor_device():
   """DTensor's device object (`DTensorDevice`), or None before its first use."""
   return _dtensor_api._dtensor_singleton  # pylint: disable=protected-access

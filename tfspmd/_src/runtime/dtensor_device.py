@@ -99,7 +99,7 @@ def components(values):
 
   - A value split over the devices (a small result is held split too,
     `small_values`) is asked for whole on the host, which DTensor refuses
-    once its blocks are computed (`_refused_once_computed`). That wait
+    once its blocks are computed (`_read_once_computed`). That wait
     reads only the value: it waits for the program that makes it and what
     runs before that program on its devices, not for programs started
     later or in other threads, and it leaves DTensor's device free for the
@@ -107,9 +107,9 @@ def components(values):
   - Where a value is whole on every device, the eager executor's wait goes
     first (`wait_for_programs`): it waits for every program in flight, in
     every thread, holding `entry`. It does not cover the programs DTensor
-    runs under its multi-device expansion (`dtensor_settings`), whose split
-    and small values are then asked for as above; a larger one is left to
-    unpack, which waits holding the GIL.
+    runs under its multi-device expansion (`dtensor_settings`), whose
+    values are then read on the host as above; DTensor gives a replicated
+    one as its first device's block, shared, not copied.
 
   A program that failed on some devices is cancelled on the others: a
   value's unpack may report the cancellation where the executor's wait
@@ -120,7 +120,7 @@ def components(values):
              for value in values]
   if values and all(split):
     for value in values:
-      _refused_once_computed(value)
+      _read_once_computed(value)
     try:
       with entry:
         return [dtensor.unpack(value) for value in values]
@@ -132,10 +132,8 @@ def components(values):
   waited = wait_for_programs()
   try:
     with entry:
-      for value, is_split in zip(values, split):
-        if is_split or (value.shape.num_elements() * value.dtype.size <=
-                        _SMALL_READ_BYTES):
-          _refused_once_computed(value)
+      for value in values:
+        _read_once_computed(value)
       return [dtensor.unpack(value) for value in values]
   except tf.errors.CancelledError:
     if waited is not None:
@@ -143,24 +141,21 @@ def components(values):
     raise
 
 
-def _refused_once_computed(value):
+def _read_once_computed(value):
   """Waits, without the GIL, until the DTensor `value` is computed.
 
-  DTensor refuses to read a value split over its devices on the host, and
-  its error shows the value's blocks (TF 2.21), so the refusal comes once
-  they are computed; the read waits with the GIL released, as every read
-  of a tensor does, and touches nothing of DTensor's device but the value.
-  A replicated value is read whole (under `entry`: DTensor waits for every
-  program then), so only a small one is. An error of the value (a failed
-  program) is left to unpack to raise.
+  Reads it on the host, which waits with the GIL released, as every read
+  of a tensor does. DTensor refuses to read a value split over its devices,
+  and its error shows the value's blocks (TF 2.21), so the refusal comes
+  once they are computed; that read touches nothing of DTensor's device but
+  the value. A replicated value is read as its first device's block, shared,
+  once DTensor has waited for every program (so under `entry`). An error of
+  the value (a failed program) is left to unpack to raise.
   """
   try:
-    value.numpy()
+    tf_internal.host_view(value)
   except tf.errors.OpError:
     pass
-
-
-_SMALL_READ_BYTES = 4096
 
 
 def current(value):

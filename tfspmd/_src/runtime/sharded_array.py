@@ -222,12 +222,9 @@ class ShardedArray:
   def block_until_ready(self) -> ShardedArray:
     """Waits until the computation producing the array has finished.
 
-    Unpacking the DTensor into its per-device tensors waits for each of
-    them; the eager executor's own wait does not cover a multi-device
-    function's results (DTensor's multi-device expansion, TF 2.21).
-    Other Python threads run during the wait, but for an array whole on
-    every device of more than 4 KiB under the expansion: DTensor's unpack
-    waits for it holding the GIL (`placement_lib.components`).
+    Other Python threads run during the wait (`placement_lib.components`);
+    an array split over the devices waits for its own program, one whole
+    on every device for every program in flight.
     """
     self._check_alive()
     with multiprocess_hooks.peer_failures():
