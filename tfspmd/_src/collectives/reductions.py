@@ -47,9 +47,9 @@ def _sums_in_one(tensors, targets, groups, function):
   """The sums of the floating `tensors`, one all-reduce per dtype.
 
   As PyTorch's DDP and Horovod reduce a model's gradients in buckets: each
-  collective costs a meeting of every device's executor, whatever its size
-  (an MLP's training step on 8 CPU devices: 0.82 -> 0.73 ms with its four
-  gradients and loss in one all-reduce). Only on a program's mesh of one
+  collective costs a meeting of every device's executor, whatever its size,
+  so an MLP's four gradients and loss take one all-reduce, not five (the
+  gain is in the CHANGELOG). Only on a program's mesh of one
   dimension, where every value lies split over it the same way: on a mesh
   of several, two leaves may lie split over different dimensions, which
   joining would gather.

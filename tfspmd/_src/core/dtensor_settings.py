@@ -18,8 +18,8 @@ to program, so they cannot be set once), and the switches DTensor reads
 once per process (`set_for_process`).
 
 - `DTENSOR_ENABLE_MULTI_DEVICE_EXPANSION`: DTensor expands the program into
-  one function over all devices instead of one per device, which halves
-  the cost of a call (x + 1 on 8 CPU devices: 883 -> 476 us). Only for
+  one function over all devices instead of one per device, which about
+  halves the cost of a call (README, performance notes). Only for
   programs on CPU devices of a single process: with several processes
   DTensor fails ("InstantiateOptions.input_devices must have the same
   length"), and GPU and TPU were not measured. Not for every function:
@@ -36,8 +36,8 @@ once per process (`set_for_process`).
   error (TF 2.21).
 - `LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2`: DTensor's all-gather
   becomes a `CollectiveGatherV2`, which sends (n-1) m per device, instead
-  of an all-reduce of a zero-padded n m buffer, which sends 2(n-1) m (1 MiB
-  all_gather on 8 CPU devices: 29 -> 14 ms). Only on a 1-D mesh, for
+  of an all-reduce of a zero-padded n m buffer, which sends 2(n-1) m: half
+  the time (docs/collectives.md). Only on a 1-D mesh, for
   programs with no uint32 or uint64 tensors: on meshes of several
   dimensions DTensor's lowering builds a Reshape of the wrong size, and it
   passes unsigned integers to a collective that refuses them, and it puts

@@ -345,9 +345,9 @@ def flat_caller(concrete_function, captured):
   The function runs without grappler, TensorFlow's graph optimizer: DTensor
   expands a program into one copy of each op per device, and grappler's
   passes over that copy dominated a program's first call and the call that
-  expands it again for inputs from another program (a conv-net training
-  step on 8 CPU devices: 0.47 -> 0.20 s and 0.37 -> 0.09 s of CPU time),
-  while its steady calls took the same time with or without them. The
+  expands it again for inputs from another program (the README's
+  performance notes have a conv-net step's times), while its steady calls
+  took the same time with or without them. The
   options are otherwise those TensorFlow passes to every function call when
   the caller is made.
 
