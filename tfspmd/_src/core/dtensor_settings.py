@@ -29,8 +29,8 @@ once per process (`set_for_process`).
   the same switches every time. Not for programs with a loop (a `While`
   op: tf.while_loop, tf.scan, `steps=`), the long calls (training steps):
   they run as one function per device, whose calls the eager executor's
-  wait covers, and in benchmarks/compare.py's training the expansion
-  changed their time by less than the machine's noise. After a program
+  wait covers; the expansion makes them no faster
+  (benchmarks/loop_expansion.py). After a program
   failed in the process, programs with a loop get it too: run as one
   function per device, they would be cancelled with the failed program's
   error (TF 2.21).
