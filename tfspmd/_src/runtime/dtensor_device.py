@@ -37,6 +37,7 @@ which makes none, and a read of a value split over the devices does not
 use that wait (`components`).
 """
 
+import contextlib
 import threading
 
 import tensorflow as tf
@@ -116,27 +117,22 @@ def components(values):
   reports the failure itself, which is then the error raised.
   """
   with entry:
-    split = [not dtensor.fetch_layout(value).is_fully_replicated()
-             for value in values]
-  if values and all(split):
-    for value in values:
-      _read_once_computed(value)
-    try:
-      with entry:
-        return [dtensor.unpack(value) for value in values]
-    except tf.errors.OpError as error:
-      waited = wait_for_programs()
-      if isinstance(error, tf.errors.CancelledError) and waited is not None:
-        raise waited from None
-      raise
-  waited = wait_for_programs()
+    all_split = bool(values) and all(
+        not dtensor.fetch_layout(value).is_fully_replicated()
+        for value in values)
+  # DTensor reads a replicated value only after waiting for every program,
+  # which must not overlap another thread's call: that read holds `entry`.
+  waited = None if all_split else wait_for_programs()
   try:
-    with entry:
+    with contextlib.nullcontext() if all_split else entry:
       for value in values:
         _read_once_computed(value)
+    with entry:
       return [dtensor.unpack(value) for value in values]
-  except tf.errors.CancelledError:
-    if waited is not None:
+  except tf.errors.OpError as error:
+    if all_split:
+      waited = wait_for_programs()
+    if isinstance(error, tf.errors.CancelledError) and waited is not None:
       raise waited from None
     raise
 
