@@ -23,10 +23,8 @@ import numpy as np  # pylint: disable=wrong-import-position
 
 import tfspmd  # pylint: disable=wrong-import-position
 from benchmarks import timing  # pylint: disable=wrong-import-position
-from benchmarks.steps_per_call import CLASSES  # pylint: disable=wrong-import-position
-from benchmarks.steps_per_call import FEATURES  # pylint: disable=wrong-import-position
-from benchmarks.steps_per_call import PER_DEVICE_BATCH  # pylint: disable=wrong-import-position
 from benchmarks.steps_per_call import init_params  # pylint: disable=wrong-import-position
+from benchmarks.steps_per_call import placed_batches  # pylint: disable=wrong-import-position
 from benchmarks.steps_per_call import train_step  # pylint: disable=wrong-import-position
 from tfspmd._src.core import dtensor_settings  # pylint: disable=wrong-import-position
 
@@ -69,10 +67,7 @@ def main():
   place = tfspmd.pmap(lambda v: v)
   contenders = {}
   for k in STEPS_PER_CALL:
-    x = place(rng.standard_normal(
-        (devices, k, PER_DEVICE_BATCH, FEATURES)).astype(np.float32))
-    y = place(rng.integers(0, CLASSES, (devices, k, PER_DEVICE_BATCH)).astype(
-        np.int32))
+    x, y = placed_batches(place, rng, devices, k)
     for expanded in (False, True):
       name = f"K={k} {'expanded' if expanded else 'one function per device'}"
       contenders[name] = _contender(k, x, y, init_params(), expanded)

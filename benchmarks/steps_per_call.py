@@ -47,6 +47,15 @@ def train_step(params, x, y):
   return [p - 0.1 * g for p, g in zip(params, grads)], lax.pmean(loss, "batch")
 
 
+def placed_batches(place, rng, devices, k):
+  """Random `(x, y)` for K steps of every device, placed on the devices."""
+  x = place(rng.standard_normal(
+      (devices, k, PER_DEVICE_BATCH, FEATURES)).astype(np.float32))
+  y = place(rng.integers(0, CLASSES, (devices, k, PER_DEVICE_BATCH)).astype(
+      np.int32))
+  return x, y
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--rounds", type=int, default=7)
@@ -59,9 +68,7 @@ def main():
                        axis_size=devices)(init_params())
   contenders, state = {}, {}
   for k in STEPS_PER_CALL:
-    x = place(rng.standard_normal(
-        (devices, k, PER_DEVICE_BATCH, FEATURES)).astype(np.float32))
-    y = place(rng.integers(0, CLASSES, (devices, k, PER_DEVICE_BATCH)).astype(np.int32))
+    x, y = placed_batches(place, rng, devices, k)
     train = tfspmd.pmap(train_step, "batch", in_axes=(None, 0, 0),
                         out_axes=(None, 0), steps=k)
     state[k] = params

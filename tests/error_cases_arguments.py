@@ -389,6 +389,7 @@ def sharded_array_captured():
   earlier = P(lambda x: x)(np.zeros(2))
   P(lambda x: x + earlier)(np.zeros(2))
 
+
 @case("tf-function-two-meshes", OUTPUTS,
       "ShardedArrays on a 4-device and an 8-device mesh into one tf.function",
       ValueError, r"a tf.function was called with ShardedArrays on different "

@@ -201,6 +201,7 @@ def test_a_wait_for_a_program_without_a_loop_lets_the_others_run(
   assert beside > 0.25 * alone, (beside, alone)
   assert still_waiting, "the computation did not outlast the window"
 
+
 def test_a_read_does_not_wait_for_another_threads_longer_program():
   # One thread reads the result of a long program on devices 0-3 while
   # another calls a short one on devices 4-7 and reads it. The short read

@@ -13,6 +13,7 @@ from tfspmd._src.core import trace_context
 PER_POSITION = "per position"
 REPLICATED = "replicated"
 
+
 def record(route, op_type):
   """Notes that ops of `op_type` took `route` (when recording)."""
   routes = trace_context.this_thread.routes

@@ -47,6 +47,7 @@ from tfspmd._src.trees import tree
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
 
+
 def tracing_mesh() -> Mesh | None:
   """The mesh of the `tfspmd.jit` function this thread traces, or None."""
   return trace_context.this_thread.jit_mesh

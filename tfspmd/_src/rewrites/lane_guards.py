@@ -54,6 +54,7 @@ _SAFE_INPUTS = {
 }
 GUARDED_TYPES = frozenset(_SAFE_INPUTS)
 
+
 def _masks():
   return trace_context.this_thread.lane_masks
 
