@@ -10,6 +10,7 @@ Platforms that start TensorFlow jobs (Vertex AI, Kubeflow's TFJob) set
 
 import json
 import re
+from typing import NamedTuple
 
 from absl import logging
 
@@ -20,26 +21,38 @@ _PORT_BASE = 65535 - _PORT_SPAN + 1
 _logged = set()
 
 
+class LaunchedJob(NamedTuple):
+  """What a launcher's variables say of the job this process is in."""
+  coordinator_address: str
+  num_processes: int
+  process_id: int
+  launcher: str
+
+
 def detect(environ):
-  """`(coordinator_address, num_processes, process_id, launcher)` or None.
+  """The `LaunchedJob` a launcher started this process in, or None.
 
   Example:
     >>> detect({"SLURM_PROCID": "1", "SLURM_NTASKS": "4",
     ...         "SLURM_STEP_NODELIST": "node[007-010],gpu2",
     ...         "SLURM_JOB_ID": "123"})
-    ('node007:61563', 4, 1, 'SLURM')
+    LaunchedJob(coordinator_address='node007:61563', num_processes=4,
+                process_id=1, launcher='SLURM')
     >>> detect({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2",
     ...         "OMPI_MCA_orte_hnp_uri": "1406140416.0;tcp://10.1.2.3,"
     ...                                  "172.17.0.1:43213"})
-    ('10.1.2.3:61440', 2, 0, 'Open MPI')
+    LaunchedJob(coordinator_address='10.1.2.3:61440', num_processes=2,
+                process_id=0, launcher='Open MPI')
     >>> detect({}) is None
     True
   """
   found = _slurm(environ) or _open_mpi(environ)
-  if found is not None and found[3] not in _logged:
-    _logged.add(found[3])
+  if found is not None and found.launcher not in _logged:
+    _logged.add(found.launcher)
     logging.info("tfspmd.distributed: %s job: coordinator %s, %d processes, "
-                 "this is process %d.", found[3], found[0], found[1], found[2])
+                 "this is process %d.", found.launcher,
+                 found.coordinator_address, found.num_processes,
+                 found.process_id)
   return found
 
 
@@ -60,8 +73,8 @@ def _slurm(environ):
         "not: start the processes with srun, or pass coordinator_address, "
         "num_processes and process_id.")
   host = first_host(nodes)
-  return (f"{host}:{_port(job_id)}", int(environ["SLURM_NTASKS"]),
-          int(environ["SLURM_PROCID"]), "SLURM")
+  return LaunchedJob(f"{host}:{_port(job_id)}", int(environ["SLURM_NTASKS"]),
+                     int(environ["SLURM_PROCID"]), "SLURM")
 
 
 def first_host(nodelist):
@@ -92,8 +105,9 @@ def _open_mpi(environ):
         f"and host: start the processes with mpirun, or pass "
         f"coordinator_address, num_processes and process_id.")
   job_id, host = match.groups()
-  return (f"{host}:{_port(job_id)}", int(environ["OMPI_COMM_WORLD_SIZE"]),
-          int(environ["OMPI_COMM_WORLD_RANK"]), "Open MPI")
+  return LaunchedJob(f"{host}:{_port(job_id)}",
+                     int(environ["OMPI_COMM_WORLD_SIZE"]),
+                     int(environ["OMPI_COMM_WORLD_RANK"]), "Open MPI")
 
 
 TF_CONFIG_ENV = "TF_CONFIG"

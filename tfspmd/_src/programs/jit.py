@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence
 import contextlib
+import dataclasses
 import functools
 import inspect
 from typing import Any
@@ -123,6 +124,22 @@ def _is_sharding_leaf(value):
   return value is None or isinstance(value, (NamedSharding, PartitionSpec))
 
 
+@dataclasses.dataclass
+class _Program:
+  """One traced signature of a jitted function.
+
+  Attributes:
+    call: The program, called with the flat DTensors of the arguments.
+    treedef: The output tree.
+    wide: For each output leaf, whether it comes widened (`small_values`).
+    shapes: For each output leaf, its global shape.
+  """
+  call: Callable = None
+  treedef: Any = None
+  wide: tuple = ()
+  shapes: list = dataclasses.field(default_factory=list)
+
+
 class JittedFunction:
   """The callable `jit` returns."""
 
@@ -197,17 +214,16 @@ class JittedFunction:
                for value, is_wide in zip(placed, wide)]
     key = (treedef, static_values, static_kwargs, wide, tuple(
         (tuple(v.shape), v.dtype) for v in placed), mesh.mesh_key)
-    function = self._functions.get(key)
-    if function is None:
-      function = self._traced(treedef, static_values, static_kwargs,
-                              len(args), placed, wide, mesh)
-      self._functions.put(key, function)
-    call, out_treedef, out_wide, out_shapes = function
+    program = self._functions.get(key)
+    if program is None:
+      program = self._traced(treedef, static_values, static_kwargs,
+                             len(args), placed, wide, mesh)
+      self._functions.put(key, program)
     try:
       # The mesh is the default one for ops with no DTensor input (a
       # function of no arguments).
       with dtensor_device.entry, dtensor.default_mesh(mesh.dtensor_mesh):
-        outputs = call(*tensors)
+        outputs = program.call(*tensors)
     except tf.errors.OpError:
       raise ValueError(
           f"jit: DTensor (TF {tf.__version__}) could not lower or run the "
@@ -216,9 +232,9 @@ class JittedFunction:
           f"then names the op DTensor refused and what to write instead."
       ) from None
     results = [_wrapped(value, shape, is_wide, mesh)
-               for value, shape, is_wide in zip(outputs, out_shapes,
-                                                  out_wide)]
-    result = out_treedef.unflatten(results)
+               for value, shape, is_wide in zip(outputs, program.shapes,
+                                                  program.wide)]
+    result = program.treedef.unflatten(results)
     if self._out_shardings is not None:
       result = transfers.device_put(result, self._out_shardings)
     for k in donated:
@@ -270,8 +286,8 @@ class JittedFunction:
 
   def _traced(self, treedef, static_values, static_kwargs, count, placed,
               wide, mesh):
-    """`(caller, output treedef, output wide flags, output shapes)`."""
-    fun, built = self._fun, {}
+    """The `_Program` of one call signature."""
+    fun, program = self._fun, _Program()
     named, mesh = mesh, mesh.dtensor_mesh
 
     def body(*tensors):
@@ -299,7 +315,8 @@ class JittedFunction:
           tensor = dtensor.relayout(small_values.widen(whole),
                                     small_values.wide_layout(mesh))
         outputs.append(tensor)
-      built.update(treedef=out_treedef, wide=tuple(out_wide), shapes=shapes)
+      program.treedef, program.wide = out_treedef, tuple(out_wide)
+      program.shapes = shapes
       return outputs
 
     function = tf.function(body, autograph=False)
@@ -307,8 +324,8 @@ class JittedFunction:
                            tuple(value.dtensor_value.shape), value.dtype)
              for value, is_wide in zip(placed, wide)]
     concrete = function.get_concrete_function(*specs)
-    return (tf_internal.flat_caller(concrete, concrete.captured_inputs),
-            built["treedef"], built["wide"], built["shapes"])
+    program.call = tf_internal.flat_caller(concrete, concrete.captured_inputs)
+    return program
 
 
 def _is_small_replicated(value):

@@ -67,14 +67,14 @@ class Gradients:
     watched = [k for k, leaf in enumerate(leaves)
                if isinstance(leaf, tf.Tensor) and
                _is_differentiable(leaf.dtype)]
-    found = {}
+    output = tree.OutputTree()
 
     @tf.custom_gradient
     def forward(*inputs):
       values = list(leaves)
       for k, tensor in zip(watched, inputs):
         values[k] = tensor
-      outputs, found["treedef"], out_specs = run(values)
+      outputs, output.treedef, out_specs = run(values)
       outputs = [tf.convert_to_tensor(o) for o in outputs]
 
       def backward(*cotangents, variables=None):
@@ -92,7 +92,7 @@ class Gradients:
       return outputs, backward
 
     outputs = forward(*[leaves[k] for k in watched])
-    return found["treedef"].unflatten(list(outputs))
+    return output.rebuild(outputs)
 
   def _vjp(self, treedef, in_specs, watched, out_specs, variables):
     """The VJP shard_map of one call signature, made once."""

@@ -51,6 +51,24 @@ class MappedResult:
   effects: list
 
 
+@dataclasses.dataclass
+class _TracedBody:
+  """What the one trace of the per-device function found.
+
+  Attributes:
+    treedef: The output tree.
+    specs: The resolved out axis of each output leaf (None: not mapped).
+    outputs: The per-device output tensors.
+    paths: The pytree path of each output leaf, for messages.
+    anchored: Whether a last output anchors the prints and checks.
+  """
+  treedef: object = None
+  specs: list = None
+  outputs: list = None
+  paths: list = None
+  anchored: bool = False
+
+
 def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
                   out_axes, on_slice=None,
                   varying_output_error=out_axes_lib.varying_output_error):
@@ -77,7 +95,7 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
              for value, axis in zip(inputs, in_axes)]
   invariant = {}
   varying = []
-  traced = {}
+  traced = _TracedBody()
 
   @_do_not_convert
   def loop_fn(index):
@@ -118,14 +136,14 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
         raise variable_writes.write_error(write.type, axis_name)
       specs = out_axes_lib.resolve(out_axes, result,
                                    [o.shape.rank for o in outputs])
-      traced.update(treedef=treedef, specs=specs, outputs=outputs,
-                    paths=tree.leaf_paths(result, "output"))
+      traced.treedef, traced.specs, traced.outputs = treedef, specs, outputs
+      traced.paths = tree.leaf_paths(result, "output")
       marked = [_mark_invariant(value, k, frame, invariant, varying)
                 for k, value in enumerate(outputs)]
       effects = control_flow.effect_operations(new_ops, axis_name)
       if effects:
         marked.append(side_effects.anchor(effects, index))
-      traced["anchored"] = bool(effects)
+      traced.anchored = bool(effects)
       return marked
 
   try:
@@ -135,20 +153,20 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
         dtensor_rewrites.rewriting_traced_ops():
       stacked = tf_internal.vectorize_loop(loop_fn, size,
                                            control_flow.prepare)
-    if traced["anchored"]:
+    if traced.anchored:
       stacked = stacked[:-1]
   except ValueError as e:
     found = tf_internal.unvectorizable_op(e)
     if found is None:
       raise
     raise _unvectorizable_error(*found, axis_name) from None
-  unmappable = [k for k in varying if traced["specs"][k] is None]
+  unmappable = [k for k in varying if traced.specs[k] is None]
   for k in unmappable:
-    error = varying_output_error(traced["paths"][k], axis_name)
+    error = varying_output_error(traced.paths[k], axis_name)
     if error is not None:
       raise error
   values = []
-  for k, spec in enumerate(traced["specs"]):
+  for k, spec in enumerate(traced.specs):
     if spec is None and k in invariant:
       values.append(invariant[k])
     elif spec is None:
@@ -157,9 +175,9 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
       values.append(stacking.repeat_along_new_axis(invariant[k], spec, size))
     else:
       values.append(stacking.move_front_axis_to(stacked[k], spec))
-  return MappedResult(values=values, out_axes=traced["specs"],
-                      treedef=traced["treedef"], per_device=traced["outputs"],
-                      paths=traced["paths"],
+  return MappedResult(values=values, out_axes=traced.specs,
+                      treedef=traced.treedef, per_device=traced.outputs,
+                      paths=traced.paths,
                       effects=side_effects.hand_outward(
                           sorted(effects, key=lambda record: record.key)))
 

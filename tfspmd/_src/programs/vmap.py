@@ -72,15 +72,13 @@ class VmappedFunction:
 
   def _trace(self, treedef, tensors):
     """`(concrete function of the leaves, output treedef)` for one signature."""
-    found = {}
+    output = tree.OutputTree()
 
     def flat_call(*flat):
-      leaves, found["treedef"] = tree.flatten(
-          self._vectorize(*treedef.unflatten(list(flat))))
-      return leaves
+      return output.leaves_of(self._vectorize(*treedef.unflatten(list(flat))))
 
     function = tf.function(_do_not_convert(flat_call), autograph=False)
-    return function.get_concrete_function(*tensors), found["treedef"]
+    return function.get_concrete_function(*tensors), output.treedef
 
   def _vectorize(self, args, kwargs):
     axis_env.check_not_bound(self._axis_name, "vmap")

@@ -41,6 +41,36 @@ def flatten(tree, is_leaf=None):
   return leaves, treedef
 
 
+class OutputTree:
+  """The tree of what a traced function returns, kept beside its leaves.
+
+  A function TensorFlow traces returns tensors only; the trace records the
+  tree here and the caller rebuilds the output from the leaves.
+
+  Example:
+    >>> output = OutputTree()
+    >>> leaves = output.leaves_of({"a": 1, "b": (2, 3)})
+    >>> leaves
+    [1, 2, 3]
+    >>> output.rebuild([10, 20, 30])
+    {'a': 10, 'b': (20, 30)}
+  """
+
+  def __init__(self):
+    self.treedef = None
+
+  def leaves_of(self, outputs):
+    """The leaves of `outputs`, recording their tree."""
+    leaves, self.treedef = flatten(outputs)
+    return leaves
+
+  def rebuild(self, leaves):
+    """The recorded tree with `leaves` in it."""
+    if self.treedef is None:
+      raise RuntimeError("rebuild() before the traced function returned")
+    return self.treedef.unflatten(list(leaves))
+
+
 def flat_call_treedef(count):
   """The treedef of `(args, {})` for a tuple `args` of `count` leaves, made once.
 

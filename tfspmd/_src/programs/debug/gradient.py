@@ -41,7 +41,7 @@ def recorded_call(pmapped, run, bound):
     The outputs, `tf.Tensor`s on the tape.
   """
   vjp = _AfterForward()
-  found = {}
+  output = tree.OutputTree()
 
   def forward(values):
     outputs, out_axes, variables = run(values, watch_variables=True)
@@ -52,8 +52,7 @@ def recorded_call(pmapped, run, bound):
             fun, in_axes, out_axes, debug=True),
         pmapped.options.fun, bound.rebuild, bound.in_axes, out_axes, variables,
         pmapped.options.axis_name)
-    leaves, found["treedef"] = tree.flatten(outputs)
-    return leaves
+    return output.leaves_of(outputs)
 
   outputs = pmap_gradient.recorded_call(forward, vjp, bound.values, bound.size)
-  return found["treedef"].unflatten(list(outputs))
+  return output.rebuild(outputs)
