@@ -96,6 +96,17 @@ def test_host_arguments_take_the_context_mesh_or_every_device(mesh):
                np.ones(24, np.float32)).sharding.mesh == mesh
 
 
+
+def test_plain_tensors_beside_a_sharded_array_go_onto_its_devices(mesh):
+  # A plain tf.function refuses this mix when it runs (DTensor expects
+  # every argument on the mesh); jit sees every argument and places them.
+  x = np.arange(24, dtype=np.float32).reshape(8, 3)
+  split = tfspmd.device_put(x, NamedSharding(mesh, P("data")))
+  add = tfspmd.jit(lambda a, b, c: a * b + c)
+  out = add(split, tf.fill((8, 3), 2.0), np.ones((8, 3), np.float32))
+  np.testing.assert_array_equal(np.asarray(out), x * 2.0 + 1.0)
+  assert out.sharding.mesh == mesh
+
 def test_static_arguments_are_traced_once_per_value():
   traces = []
 
