@@ -605,3 +605,8 @@ if __name__ == "__main__":
             "keras_data_parallel": keras_data_parallel,
             "without_initialize": without_initialize}[sys.argv[1]]()
   print(json.dumps(result), flush=True)
+  if sys.argv[1] == "jax_options_and_shutdown":
+    # Out at once, past TensorFlow's exit barrier: shutdown alone must keep
+    # process 0, which holds the cluster's coordination service, until the
+    # others are done with it.
+    os._exit(0)

@@ -208,7 +208,9 @@ def initialize(coordinator_address: str | None = None,
           cluster_detection_method != "deactivate"):
         launched = launchers.detect(os.environ)
         if launched is not None:
-          coordinator_address, num_processes, process_id, _ = launched
+          coordinator_address = launched.coordinator_address
+          num_processes = launched.num_processes
+          process_id = launched.process_id
       if coordinator_address is not None and num_processes not in (None, 1):
         process_id = cluster_lib.process_id_of(
             process_id, num_processes, f"num_processes={num_processes}",
@@ -314,17 +316,28 @@ def shutdown() -> None:
     me = _cluster.process_id
     if _cluster.num_processes > 1:
       tf_internal.publish(f"tfspmd/shutdown/{me}", "1")
-      for other in range(_cluster.num_processes):
-        try:
-          tf_internal.read_published(f"tfspmd/shutdown/{other}",
-                                     _shutdown_timeout_s)
-        except tf.errors.DeadlineExceededError:
-          raise TimeoutError(
-              f"tfspmd.distributed.shutdown: {_cluster.describe([other])} "
-              f"did not call shutdown within shutdown_timeout_seconds="
-              f"{_shutdown_timeout_s} (this is process {me}). Every process "
-              f"calls it at the end of the same program.") from None
+      _wait_for_keys("tfspmd/shutdown", range(_cluster.num_processes))
+      # The coordination service these keys live in runs in process 0: it
+      # leaves last, once every other process has read them (else a
+      # process still reading meets a closed connection).
+      if me == 0:
+        _wait_for_keys("tfspmd/shutdown/read", range(1, _cluster.num_processes))
+      else:
+        tf_internal.publish(f"tfspmd/shutdown/read/{me}", "1")
     _cluster = None
+
+
+def _wait_for_keys(prefix, processes):
+  """Reads `prefix/k` for each process k, each within the shutdown timeout."""
+  for other in processes:
+    try:
+      tf_internal.read_published(f"{prefix}/{other}", _shutdown_timeout_s)
+    except tf.errors.DeadlineExceededError:
+      raise TimeoutError(
+          f"tfspmd.distributed.shutdown: {_cluster.describe([other])} "
+          f"did not call shutdown within shutdown_timeout_seconds="
+          f"{_shutdown_timeout_s} (this is process {_cluster.process_id}). "
+          f"Every process calls it at the end of the same program.") from None
 
 
 def _check_num_processes(num_processes):
