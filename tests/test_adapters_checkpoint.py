@@ -28,6 +28,8 @@ from tfspmd import lax
 from tfspmd.adapters import checkpoint
 from tfspmd.adapters import keras_training
 
+import warm_python
+
 
 def per_device_step():
   # w is replicated, s is one row per device: both must survive a restart.
@@ -426,7 +428,9 @@ SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(
 # A child that saves the state of an .npz file to a path and is killed
 # (os._exit, as SIGKILL: nothing is cleaned up) just before its Nth call of
 # a file operation; it prints which. With fewer calls than N it saves whole.
+# A child that dies of a signal instead prints every thread's stack.
 CRASHING_SAVE = textwrap.dedent("""
+    import faulthandler
     import os
     import sys
 
@@ -436,6 +440,7 @@ CRASHING_SAVE = textwrap.dedent("""
     import tfspmd
     from tfspmd.adapters import checkpoint
 
+    faulthandler.enable()
     path, arrays, crash_at = sys.argv[1], np.load(sys.argv[2]), int(sys.argv[3])
     calls = 0
 
@@ -511,18 +516,26 @@ def checkpoint_files(directory):
   return sorted(name for name in os.listdir(directory) if name != "elsewhere")
 
 
-def run_crashing_save(path, state_file, crash_at):
-  """Runs CRASHING_SAVE; returns the step it was killed at (None: it ended)."""
-  # A child that dies of a signal instead prints every thread's stack.
-  env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONPATH=os.pathsep.join(
-      [SOURCE_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-  child = subprocess.run(
-      [sys.executable, "-c", CRASHING_SAVE, path, state_file, str(crash_at)],
-      env=env, capture_output=True, text=True, timeout=300, check=False)
-  if child.returncode == 0:
+def run_crashing_save(path, state_file, crash_at, output):
+  """Runs CRASHING_SAVE; returns the step it was killed at (None: it ended).
+
+  The child is forked from a process that has imported TensorFlow
+  (`warm_python`): each of the dozens of children would otherwise spend
+  seconds importing it.
+  """
+  child = warm_python.shared().start(
+      code=CRASHING_SAVE, argv=["-c", path, state_file, str(crash_at)],
+      env=os.environ, stdout=output + ".out", stderr=output + ".err")
+  try:
+    code = child.wait(timeout=300)
+  finally:
+    child.kill()
+  if code == 0:
     return None
-  assert child.returncode == 9, (child.stdout, child.stderr[-6000:])
-  return child.stdout.strip()
+  with open(output + ".err", encoding="utf-8") as err:
+    assert code == 9, err.read()[-6000:]
+  with open(output + ".out", encoding="utf-8") as out:
+    return out.read().strip()
 
 
 @pytest.mark.parametrize("old_format", ["saved", "earlier format"])
@@ -539,7 +552,8 @@ def test_a_save_killed_at_any_step_leaves_the_old_or_the_new_state(
       save_numbered(path, 1)
     else:
       write_earlier_format(path, 1)
-    step = run_crashing_save(path, state_file, crash_at)
+    step = run_crashing_save(path, state_file, crash_at,
+                             str(tmp_path / f"child-{crash_at}"))
     restored.append(which_state(path, [1, 2]))
 
     # The next save goes on from whatever the killed one left, and removes it.

@@ -2,9 +2,11 @@
 
 Each scenario starts one Python process per cluster member running
 multiprocess_worker.py, with the cluster in DTensor's variables and free
-ports, and reads each one's JSON report. Every child is killed (SIGKILL:
-TensorFlow's coordination service traps SIGTERM) when the scenario ends,
-passes or not.
+ports, and reads each one's JSON report. The processes are forked from one
+that has imported TensorFlow and run nothing (`warm_python`), so each starts
+TensorFlow's runtime and joins its cluster as a new process does. Every
+child is killed (SIGKILL: TensorFlow's coordination service traps SIGTERM)
+when the scenario ends, passes or not.
 """
 
 import json
@@ -12,7 +14,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -24,6 +25,7 @@ import tfspmd
 from tfspmd._src.multiprocess import rendezvous
 
 import multiprocess_worker
+import warm_python
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "multiprocess_worker.py")
@@ -81,10 +83,11 @@ def _run(scenarios, *, devices, init_timeout=JOIN_TIMEOUT,
         if addresses is not None:
           env.update(DTENSOR_JOBS=",".join(addresses),
                      DTENSOR_CLIENT_ID=str(process_id))
-        out = open(os.path.join(logs, f"{k}.out"), "w+")
-        err = open(os.path.join(logs, f"{k}.err"), "w+")
-        child = subprocess.Popen([sys.executable, WORKER, name], env=env,
-                                 stdout=out, stderr=err)
+        out, err = (os.path.join(logs, f"{k}.{kind}") for kind in ("out", "err"))
+        # Forked from a process that has imported TensorFlow: dozens of
+        # scenarios would otherwise each spend seconds importing it.
+        child = warm_python.shared().start(
+            path=WORKER, argv=[WORKER, name], env=env, stdout=out, stderr=err)
         children.append((child, out, err))
       reports = []
       for child, out, err in children:
@@ -94,8 +97,8 @@ def _run(scenarios, *, devices, init_timeout=JOIN_TIMEOUT,
         except subprocess.TimeoutExpired:
           pytest.fail(f"a process did not finish within {SCENARIO_TIMEOUT}s; "
                       f"its stderr ends:\n{_tail(err)}")
-        out.seek(0)
-        lines = out.read().splitlines()
+        with open(out, encoding="utf-8") as printed:
+          lines = printed.read().splitlines()
         if child.returncode != 0 or not lines:
           pytest.fail(f"a process exited with {child.returncode}; its stderr "
                       f"ends:\n{_tail(err)}")
@@ -104,17 +107,15 @@ def _run(scenarios, *, devices, init_timeout=JOIN_TIMEOUT,
         reports.append(report)
       return reports
     finally:
-      for child, out, err in children:
+      for child, _, _ in children:
         if child.poll() is None:
           child.kill()
           child.wait()
-        out.close()
-        err.close()
 
 
-def _tail(stream, lines=30):
-  stream.seek(0)
-  return "\n".join(stream.read().splitlines()[-lines:])
+def _tail(path, lines=30):
+  with open(path, encoding="utf-8", errors="replace") as f:
+    return "\n".join(f.read().splitlines()[-lines:])
 
 
 # --- two processes x 4 devices: the jax.pmap reference's example ----------
