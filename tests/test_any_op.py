@@ -97,6 +97,24 @@ def test_the_ring_neighbours_row_of_an_all_gather():
   np.testing.assert_array_equal(np.asarray(left_pair), expected)
 
 
+def test_fixed_and_own_rows_of_an_all_gather():
+  # all_gather(x)[2] takes device 2's block on every device, and
+  # all_gather(x)[axis_index] each device's own, as under jax.pmap.
+  x = RNG.standard_normal((N, 3, 2)).astype(np.float32)
+
+  def rows(v):
+    gathered = lax.all_gather(v, "i")
+    return (gathered[2], gathered[lax.axis_index("i")],
+            gathered[-1, 1:] + tf.reduce_sum(gathered, 0)[1:])
+
+  third, own, mixed = _pmap(rows)(x)
+  np.testing.assert_array_equal(np.asarray(third), np.stack([x[2]] * N))
+  np.testing.assert_array_equal(np.asarray(own), x)
+  np.testing.assert_allclose(np.asarray(mixed),
+                             np.stack([x[-1, 1:] + x.sum(0)[1:]] * N),
+                             rtol=1e-6)
+
+
 def test_column_at_per_device_index():
   x = RNG.standard_normal((N, 4, 6)).astype(np.float32)
   out = _pmap(lambda v: v[:, (lax.axis_index("i") * 5) % 6])(x)
