@@ -112,7 +112,8 @@ def fitted(model, x, y, **fit_options):
 def fitted_under_mirrored_strategy(make, x, y, **fit_options):
   with mirrored.strategy().scope():
     model = make()
-  return fitted(model, x, y, **fit_options)
+  with mirrored.inputs_without_autotuning():
+    return fitted(model, x, y, **fit_options)
 
 
 def assert_same_weights(model, reference, rtol=1e-5, atol=1e-6):
@@ -166,10 +167,12 @@ def test_own_loss_metrics_test_step_and_predict_step_as_mirrored_strategy():
     np.testing.assert_allclose(history[name], expected[name], rtol=1e-5,
                                err_msg=name)
   test_x, test_y = data(seed=7, rows=80)
+  with mirrored.inputs_without_autotuning():
+    expected_evaluation = reference.evaluate(test_x, test_y, batch_size=16,
+                                             verbose=0)
   np.testing.assert_allclose(
       model.evaluate(test_x, test_y, batch_size=16, verbose=0),
-      reference.evaluate(test_x, test_y, batch_size=16, verbose=0),
-      rtol=1e-5)
+      expected_evaluation, rtol=1e-5)
   one_device = model_of(OwnLossModel, "sgd")
   one_device.set_weights(model.get_weights())
   predicted = model.predict(test_x[:75], batch_size=16, verbose=0)

@@ -351,7 +351,8 @@ def test_embedding_with_adam_and_repeated_ids_equals_fit_and_mirrored():
   strategy = mirrored.strategy()
   with strategy.scope():
     on_mirrored = embedding_model()
-  on_mirrored.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+  with mirrored.inputs_without_autotuning():
+    on_mirrored.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
   model = data_parallel(embedding_model())
   model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
   assert_same_weights(on_mirrored, reference)
@@ -444,7 +445,9 @@ def test_synchronized_batch_norm_equals_fit_and_mirrored():
   strategy = mirrored.strategy()
   with strategy.scope():
     on_mirrored = synchronized_batch_norm_model()
-  on_mirrored.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+  with mirrored.inputs_without_autotuning():
+    on_mirrored.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                    verbose=0)
   model = data_parallel(synchronized_batch_norm_model())
   model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
   assert_same_weights(on_mirrored, reference)
