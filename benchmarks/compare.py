@@ -17,8 +17,8 @@ Sections:
               MirroredStrategy, the same steps written directly in DTensor
   compile     first two calls (trace + compile + run) of the MLP and conv
               steps, each in fresh processes taking turns
-  memory      peak host RSS while placing a 1 GiB mapped input (a child
-              process per contender)
+  memory      host RSS while placing a 1 GiB mapped input and reading the
+              result back (a child process per contender)
   scaling     MLP step time at 1, 2, 4, 8 devices, fixed work per device
 
 Run: python benchmarks/compare.py [--only SECTION ...] [--quick]
@@ -581,47 +581,74 @@ who, program = sys.argv[1], sys.argv[2]
 count = int(os.environ["TFSPMD_NUM_CPU_DEVICES"])
 if who == "jax":
     import jax, jax.numpy as jnp
-    pmap, total = jax.pmap, jnp.sum
+    pmap, total, psum = jax.pmap, jnp.sum, jax.lax.psum
 else:
     import tensorflow as tf, tfspmd
-    pmap, total = tfspmd.pmap, tf.reduce_sum
+    pmap, total, psum = tfspmd.pmap, tf.reduce_sum, tfspmd.lax.psum
+programs = {"sum": total, "identity": lambda v: v, "double": lambda v: v * 2}
 x = np.ones((count, (1 << 30) // 4 // count), np.float32)
 x[:, ::1024] = 2.0
 def status_kib(field):
     with open("/proc/self/status") as f:
         return int(next(l for l in f if l.startswith(field)).split()[1])
+def reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+if program == "psum":
+    function = pmap(lambda v: psum(v, "i"), "i", out_axes=None)
+else:
+    function = pmap(programs[program])
+np.asarray(function(np.ones((count, 64), np.float32)))
 before = status_kib("VmRSS")
-function = total if program == "sum" else (lambda v: v)
-placed = pmap(function)(x)
+reset_peak()
+placed = function(x)
 placed.block_until_ready()
-print(before, status_kib("VmHWM"), status_kib("VmRSS"))
+call_peak, after_call = status_kib("VmHWM"), status_kib("VmRSS")
+reset_peak()
+fetched = np.asarray(placed)
+first = {"identity": 2.0, "double": 4.0, "psum": 2.0 * count}.get(program)
+assert first is None or fetched.ravel()[0] == first, fetched.ravel()[:4]
+print(before, call_peak, after_call, status_kib("VmHWM"), status_kib("VmRSS"))
 """
 
 
 def memory(count, options):
-  """Peak RSS of a child process placing a 1 GiB mapped input.
+  """Host RSS of a child process placing a 1 GiB mapped input and reading the result.
 
-  The peak is the child's VmHWM: getrusage's ru_maxrss would carry over the
-  parent's peak through exec. `sum` places the input and returns one number
-  per device (the cost of placing); `identity` also returns the placed array.
+  Peaks are the child's VmHWM, reset before the call and again before the
+  read (getrusage's ru_maxrss would carry over the parent's peak through
+  exec). `sum` places the input and returns one number per device (the
+  cost of placing); `identity` also returns the placed array, split over
+  the devices, and reads it back whole (1 GiB); `double` returns a new
+  1 GiB array and reads it back; `psum` returns the sum over the devices
+  whole on each (128 MiB), read back once. TensorFlow's oneDNN CPU
+  allocator keeps the memory programs free for reuse; the `oneDNN off` rows
+  run with `TF_ENABLE_ONEDNN_OPTS=0`, whose allocator gives it back.
   """
   del options
   rows = []
-  for program in ("sum", "identity"):
-    for who in ("tfspmd", "jax"):
+  contenders = (("tfspmd", "tfspmd", {}),
+                ("tfspmd, oneDNN off", "tfspmd", {"TF_ENABLE_ONEDNN_OPTS": "0"}),
+                ("jax", "jax", {}))
+  for program in ("sum", "identity", "double", "psum"):
+    for name, who, settings in contenders:
       out = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, who, program],
                            capture_output=True, text=True, check=True,
-                           env=dict(os.environ), timeout=600)
-      before, peak, after = (int(v) for v in out.stdout.split()[-3:])
-      rows.append(dict(program=program, contender=who,
-                       baseline_gib=before / 2**20,
-                       peak_over_baseline_gib=(peak - before) / 2**20,
-                       after_over_baseline_gib=(after - before) / 2**20))
+                           env=dict(os.environ, **settings), timeout=600)
+      before, call_peak, after_call, read_peak, after_read = (
+          int(v) / 2**20 for v in out.stdout.split()[-5:])
+      rows.append(dict(program=program, contender=name,
+                       baseline_gib=before,
+                       call_peak_gib=call_peak - before,
+                       after_call_gib=after_call - before,
+                       read_peak_gib=read_peak - before,
+                       after_read_gib=after_read - before))
   timing.print_table(
-      f"Placing a 1 GiB mapped input on {count} devices: host RSS "
-      f"(baseline includes the 1 GiB NumPy input)", rows,
-      ["program", "contender", "baseline_gib", "peak_over_baseline_gib",
-       "after_over_baseline_gib"])
+      f"Placing a 1 GiB mapped input on {count} devices and reading the "
+      f"result: host RSS over the baseline (which includes the 1 GiB NumPy "
+      f"input)", rows,
+      ["program", "contender", "baseline_gib", "call_peak_gib",
+       "after_call_gib", "read_peak_gib", "after_read_gib"])
   timing.write_results("compare_memory", dict(machine=timing.machine(),
                                               rows=rows))
 

@@ -1,6 +1,7 @@
 """The ShardedArray result type."""
 
 import functools
+import gc
 import threading
 import time
 
@@ -94,6 +95,29 @@ def test_replicated_result_is_one_value():
   assert len(total.addressable_shards) == 4
   with pytest.raises(TypeError, match="0-d"):
     len(total)
+
+
+@pytest.mark.parametrize("dtype", [
+    tf.float32, tf.bfloat16, tf.float16, tf.complex64, tf.int8, tf.uint32,
+    tf.bool,
+])
+def test_a_replicated_result_reads_back_and_outlives_the_array(dtype):
+  # Large enough not to be folded into the program as a constant.
+  rows = np.arange(8 * 40).reshape(8, 40) % 3
+  expected_total = rows.sum(axis=0).astype(dtype.as_numpy_dtype)
+
+  def total(x):
+    return tf.cast(lax.psum(tf.cast(x, tf.float32), "i"), dtype)
+
+  out = tfspmd.pmap(total, "i", out_axes=None)(rows.astype(np.float32))
+  read = np.asarray(out)
+  assert read.dtype == dtype.as_numpy_dtype
+  assert not read.flags.writeable
+  np.testing.assert_array_equal(read, expected_total)
+  del out
+  gc.collect()
+  np.testing.assert_array_equal(read, expected_total)
+  np.testing.assert_array_equal(read.copy(), expected_total)
 
 
 def test_nested_result_indexes_rows():

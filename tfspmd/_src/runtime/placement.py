@@ -303,10 +303,12 @@ def assemble(value, placement, local_shape, dtype):
   """Gathers a DTensor's local blocks into one NumPy array of `local_shape`.
 
   That is the whole array in one process, this process's part in several.
+  An array whole on every device is read from its first device's copy,
+  sharing that copy's memory where NumPy can.
   """
   blocks = components(value)
   if not any(dim is not None for dim in placement.spec):
-    return np.asarray(blocks[0].numpy())
+    return _shared_host_array(blocks[0])
   out = np.empty(local_shape, dtype=dtype)
   counts = placement.local_counts()
   seen = set()
@@ -316,6 +318,20 @@ def assemble(value, placement, local_shape, dtype):
     seen.add(index)
     out[block_slices(index, local_shape, counts)] = component.numpy()
   return out
+
+
+def _shared_host_array(tensor):
+  """A read-only NumPy array of the eager tensor `tensor`.
+
+  A host tensor's array shares its memory where NumPy reads its buffer;
+  strings and NumPy's extension types (bfloat16) are copied.
+  """
+  if tensor.dtype != tf.string:
+    try:
+      return np.asarray(memoryview(tensor))
+    except ValueError:
+      pass
+  return tensor.numpy()
 
 
 def replicated(tensor, mesh):
