@@ -120,6 +120,17 @@ def test_a_replicated_result_reads_back_and_outlives_the_array(dtype):
   np.testing.assert_array_equal(read.copy(), expected_total)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.bool_, np.float16])
+def test_a_replicated_scalar_not_held_small_reads_back(dtype):
+  out = tfspmd.pmap(
+      lambda x: tf.cast(lax.psum(tf.cast(x, tf.float32), "i"), dtype), "i",
+      out_axes=None)(np.ones(8, dtype))
+  read = np.asarray(out)
+  assert isinstance(read, np.ndarray) and read.shape == ()
+  assert read.dtype == dtype and read == dtype(8)
+  assert out.item() == dtype(8)
+
+
 def test_nested_result_indexes_rows():
   inner = tfspmd.pmap(lambda x: x + lax.axis_index("c"), axis_name="c")
   out = tfspmd.pmap(inner, axis_name="r")(np.zeros((4, 2), np.int32))

@@ -19,6 +19,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.core import run_errors
+from tfspmd._src.core import tf_internal
 from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import dtensor_device
 from tfspmd._src.runtime import mesh as mesh_lib
@@ -304,11 +305,11 @@ def assemble(value, placement, local_shape, dtype):
 
   That is the whole array in one process, this process's part in several.
   An array whole on every device is read from its first device's copy,
-  sharing that copy's memory where NumPy can.
+  sharing that copy's memory (the caller makes the array read-only).
   """
   blocks = components(value)
   if not any(dim is not None for dim in placement.spec):
-    return _shared_host_array(blocks[0])
+    return np.asarray(tf_internal.host_view(blocks[0]))
   out = np.empty(local_shape, dtype=dtype)
   counts = placement.local_counts()
   seen = set()
@@ -318,20 +319,6 @@ def assemble(value, placement, local_shape, dtype):
     seen.add(index)
     out[block_slices(index, local_shape, counts)] = component.numpy()
   return out
-
-
-def _shared_host_array(tensor):
-  """A read-only NumPy array of the eager tensor `tensor`.
-
-  A host tensor's array shares its memory where NumPy reads its buffer;
-  strings and NumPy's extension types (bfloat16) are copied.
-  """
-  if tensor.dtype != tf.string:
-    try:
-      return np.asarray(memoryview(tensor))
-    except ValueError:
-      pass
-  return tensor.numpy()
 
 
 def replicated(tensor, mesh):

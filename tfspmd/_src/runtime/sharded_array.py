@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 import dataclasses
 import operator
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 import tensorflow as tf
@@ -411,6 +411,32 @@ class ShardedArray:
   def __abs__(self):
     self._check_alive()
     return array_ops.unary(tf.abs, self)
+
+  def item(self, *args: int) -> Any:
+    """One element as a Python scalar, as `numpy.ndarray.item` gives it.
+
+    Example:
+      >>> import numpy as np
+      >>> import tfspmd
+      >>> total = tfspmd.pmap(lambda x: tfspmd.lax.psum(x, "i"), "i",
+      ...                     out_axes=None)(np.arange(8.0))
+      >>> total.item()
+      28.0
+      >>> tfspmd.pmap(lambda x: x * 2)(np.arange(8)).item(3)
+      6
+    """
+    return self.numpy().item(*args)
+
+  def tolist(self) -> Any:
+    """The array as nested lists of Python scalars (`numpy.ndarray.tolist`).
+
+    Example:
+      >>> import numpy as np
+      >>> import tfspmd
+      >>> tfspmd.pmap(lambda x: x + 1)(np.arange(4)).tolist()
+      [1, 2, 3, 4]
+    """
+    return self.numpy().tolist()
 
   def astype(self, dtype: DTypeLike) -> ShardedArray:
     """The array cast to `dtype`, on the devices."""
