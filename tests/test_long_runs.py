@@ -97,6 +97,46 @@ def test_python_allocations_stay_flat_over_calls():
   assert growth < 16 * 1024, f"Python allocations grew by {growth} bytes"
 
 
+def _graphs_named(prefix):
+  return sum(1 for o in gc.get_objects()
+             if isinstance(o, tf.Graph) and
+             getattr(o, "name", "").startswith(prefix))
+
+
+def test_a_traced_program_keeps_no_per_device_graph():
+  """The per-device graph goes once its program is built, used or not.
+
+  A collective's gradient (psum's transpose, taken by a tape inside the
+  mapped function) is kept by its op, not by TensorFlow's process-wide
+  gradient registry, which held every such graph for the rest of the
+  process.
+  """
+  n = tfspmd.device_count()
+  x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+  gc.collect()
+  before = _graphs_named("tfspmd_per_device")
+
+  def differentiated(scale):
+    def per_device(v):
+      with tf.GradientTape() as tape:
+        tape.watch(v)
+        total = lax.psum(v * scale, "i")
+        loss = tf.reduce_sum(
+            tf.while_loop(lambda k, t: k < 2,
+                          lambda k, t: (k + 1, lax.psum(t, "i") / n),
+                          (0, total), maximum_iterations=2)[1])
+      return tape.gradient(loss, v)
+    return tfspmd.pmap(per_device, "i")
+
+  held = [differentiated(float(k)) for k in range(1, 6)]
+  for k, mapped in enumerate(held, start=1):
+    # d/dv of sum(psum(psum(psum(v*k))/n)/n) = n*k at every element.
+    np.testing.assert_allclose(np.asarray(mapped(x)),
+                               np.full((n, 3), n * k, np.float32))
+  gc.collect()
+  assert _graphs_named("tfspmd_per_device") == before
+
+
 def test_threads_share_one_pmapped_function():
   n = tfspmd.device_count()
   f = tfspmd.pmap(lambda x, k: (lax.psum(x, "i") * k, x - lax.pmax(x, "i")),

@@ -28,6 +28,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.collectives import pin
+from tfspmd._src.core import graph_gradients
 from tfspmd._src.core import merged_dims
 from tfspmd._src.core import stacking
 from tfspmd._src.core import tf_internal
@@ -164,7 +165,7 @@ def with_transpose(value, targets, step, function, transpose,
   collective moves high-rank values flat (`flat_where_too_high`).
   """
 
-  @tf.custom_gradient
+  @graph_gradients.custom_gradient
   def collective(x):
     return (over_axes(x, targets, step, function, result_shape, **options),
             transpose)
@@ -237,7 +238,7 @@ def _emit_outer(value, chain, collective, result_shape, levels):
   if not tf_internal.tape_active():
     return _emit(value, chain, collective, result_shape, levels)
 
-  @tf.custom_gradient
+  @graph_gradients.custom_gradient
   def outer(x):
     def transpose(cotangent):
       if collective.transpose_step is None:

@@ -26,6 +26,7 @@ from tfspmd._src.collectives import checks
 from tfspmd._src.collectives import groups as groups_lib
 from tfspmd._src.collectives import marker
 from tfspmd._src.core import collective_constants as constants
+from tfspmd._src.core import graph_gradients
 from tfspmd._src.runtime import axis_env
 
 
@@ -208,7 +209,7 @@ def _extremum(x, axis_name, axis_index_groups, function, reduce):
   step = groups_lib.within(_extremum_step(reduce), groups)
 
   def leaf_extremum(leaf):
-    @tf.custom_gradient
+    @graph_gradients.custom_gradient
     def extremum_with_transpose(value):
       result = marker.over_axes(value, targets, step, function,
                                 joint=groups is not None)

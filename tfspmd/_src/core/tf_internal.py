@@ -92,8 +92,9 @@ def vectorize_loop(loop_fn, iterations, prepare):
   prepare(conversion, per_position.get_operations())
   with _quiet_conversion_errors():
     results = [stacked(conversion.convert(t), iterations) for t in outputs]
-  _copy_called_functions(caller.get_operations()[first_op:], per_position,
-                         caller)
+  converted = caller.get_operations()[first_op:]
+  _copy_called_functions(converted, per_position, caller)
+  _forget_original_ops(converted)
   return results
 
 
@@ -121,6 +122,35 @@ def _quiet_conversion_errors():
     log.removeFilter(quiet)
 
 
+def _forget_original_ops(operations):
+  """Drops each converted op's link to the per-position op it came from.
+
+  pfor keeps it (`_original_op`) only for its log of a conversion that
+  fails; once the conversion is done it would hold the per-position graph
+  for as long as the caller's graph lives. The ops of the functions the
+  converted ops call (loop bodies, branches) are converted ops too.
+  """
+  seen = set()
+  pending = list(operations)
+  while pending:
+    operation = pending.pop()
+    operation._original_op = None  # pylint: disable=protected-access
+    for name in _called_function_names(operation):
+      found = operation.graph._get_function(name)  # pylint: disable=protected-access
+      if found is not None and name not in seen:
+        seen.add(name)
+        pending.extend(found.graph.get_operations())
+
+
+def _called_function_names(operation):
+  """The names of the functions `operation`'s attributes name."""
+  for value in operation.node_def.attr.values():
+    if value.HasField("func"):
+      yield value.func.name
+    for function in value.list.func:
+      yield function.name
+
+
 def _copy_called_functions(operations, source, target):
   """Adds to `target` the functions of `source` that `operations` call.
 
@@ -130,13 +160,10 @@ def _copy_called_functions(operations, source, target):
   stay in the per-position graph.
   """
   for operation in operations:
-    for value in operation.node_def.attr.values():
-      functions = ([value.func] if value.HasField("func")
-                   else list(value.list.func))
-      for function in functions:
-        found = source._get_function(function.name)  # pylint: disable=protected-access
-        if found is not None and target._get_function(function.name) is None:  # pylint: disable=protected-access
-          target._add_function_recursive(found)  # pylint: disable=protected-access
+    for name in _called_function_names(operation):
+      found = source._get_function(name)  # pylint: disable=protected-access
+      if found is not None and target._get_function(name) is None:  # pylint: disable=protected-access
+        target._add_function_recursive(found)  # pylint: disable=protected-access
 
 
 def unvectorizable_op(error):
@@ -535,6 +562,15 @@ def before_variable_writes(check):
       yield
     finally:
       _write_checks.stack = stack
+
+
+def record_backward(name, outputs, inputs, backward):
+  """Records on the active GradientTapes that `outputs` came from `inputs`.
+
+  The tapes differentiate them with `backward(*output_gradients)`, which
+  gives one gradient (or None) per input.
+  """
+  _record.record_operation(name, outputs, inputs, backward)
 
 
 def tape_active():

@@ -57,7 +57,8 @@ class Program:
       `tf.TensorShape`, shared by the results of every call).
     output_dtypes: The dtype of each output leaf.
     output_treedef: The output tree.
-    inline: The traced Python function, to call inside a user's graph.
+    inline: The traced Python function, to call inside a user's graph
+      (None for a program that runs on its own).
     output_axes: Where each output leaf has the mapped axis (None: nowhere).
     mesh: The DTensor mesh.
     size: The mapped size, over all processes.
@@ -497,7 +498,9 @@ def _program(signature, state, size, shapes, top_dim, input_wide, program,
           for v, placement in zip(result.values, traced.placements)),
       output_dtypes=tuple(v.dtype for v in result.values),
       output_treedef=result.treedef,
-      inline=program,
+      # Kept only where it is called: its closure holds the trace, the
+      # per-device graph included.
+      inline=program if signature.in_user_graph else None,
       output_axes=tuple(result.out_axes),
       size=size,
       trainable_variables=tuple(concrete.trainable_variables),
