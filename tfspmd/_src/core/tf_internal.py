@@ -48,13 +48,15 @@ except ImportError as e:  # pragma: no cover - depends on the installed TF.
 
 def _check_pfor_hooks():
   """Fails at import, naming the TF version, if a pfor hook tfspmd needs moved."""
-  import inspect  # pylint: disable=import-outside-toplevel
   missing = [name for name in ("wrap", "PFor", "_PforInput", "_stack",
                                "_create_op", "_pfor_converter_registry")
              if not hasattr(_pfor, name)]
   if not hasattr(_while_v2, "_WhileBodyGradFuncGraph"):
     missing.append("while_v2._WhileBodyGradFuncGraph")
-  source = inspect.getsource(_pfor.PFor)
+  # The module's text, not `inspect.getsource(PFor)`, which parses all of
+  # it into a syntax tree at every import.
+  with open(_pfor.__file__, encoding="utf-8") as f:
+    source = f.read()
   if '"pfor_converter"' not in source:
     missing.append("PFor's per-op `pfor_converter` hook")
   if missing:
