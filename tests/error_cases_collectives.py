@@ -253,18 +253,6 @@ def python_for_over_a_tensor():
   P(lambda x: sum(row for row in x))(np.zeros((2, 3)))
 
 
-@case("dtensor-cannot-split", OPS,
-      "psum_scatter of rows scattered into new zeros (DTensor cannot split "
-      "the scatter)", ValueError,
-      r"uses the op TensorScatterUpdate, which DTensor \(TF [\d.]+\) could "
-      r"not split over the devices: The sharding spec for axis 1 splits among "
-      r"2 values.*Build the op's inputs another way")
-def dtensor_cannot_split():
-  P(lambda v: lax.psum_scatter(tf.tensor_scatter_nd_update(
-      tf.zeros((2, 4)), [[0]], v[None]), "i", tiled=True), "i")(
-          np.ones((2, 4), np.float32))
-
-
 @case("stateful-random", OPS, "tf.random.uniform inside", ValueError,
       r"uses the op RandomUniform, .*Stateful random operations are not "
       r"supported in DTensor. Use the stateless random ops")

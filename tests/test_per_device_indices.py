@@ -121,6 +121,66 @@ def test_a_scatter_into_a_large_tensor_takes_the_op_itself():
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", sorted(SCATTERS))
+@pytest.mark.parametrize("shape,depth", [((1000,), 1), ((40, 30), 2)])
+def test_the_ops_own_route_drops_indices_outside_too(kind, shape, depth):
+  # Past the comparison's size, each device's scatter is the op itself,
+  # whose kernel refuses an index outside; it must drop it as XLA does.
+  rng = np.random.default_rng(depth)
+  tensor = rng.standard_normal((N,) + shape).astype(np.float32)
+  indices = per_device_indices(shape, 2000, depth, seed=7)
+  updates = rng.standard_normal((N, 2000) + shape[depth:]).astype(np.float32)
+  got = np.asarray(tfspmd.pmap(SCATTERS[kind])(tensor, indices, updates))
+  want = np.stack([numpy_scatter(kind, t, i, u)
+                   for t, i, u in zip(tensor, indices, updates)])
+  if kind == "update":
+    # Several updates to one element: the op's own route does not say
+    # which one lands; every element holds its old value or one of them.
+    for t, i, u, g in zip(tensor, indices, updates, got):
+      candidates = {k: {v} for k, v in np.ndenumerate(t)}
+      for index, value in zip(map(tuple, i), u):
+        if index in candidates:
+          candidates[index].add(value)
+      assert all(g[k] in values for k, values in candidates.items())
+    untouched = np.ones(tensor.shape, bool)
+    for d in range(N):
+      for index in map(tuple, indices[d]):
+        if all(0 <= c < s for c, s in zip(index, shape)):
+          untouched[(d,) + index] = False
+    np.testing.assert_array_equal(got[untouched], tensor[untouched])
+  else:
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("scatter", [
+    lambda i, u: tf.scatter_nd(i, u, [3, 2]),
+    lambda i, u: tf.tensor_scatter_nd_update(tf.zeros([3, 2], tf.bool), i, u),
+])
+def test_bool_scatters_take_the_op_and_drop_indices_outside(scatter):
+  indices = np.array([[[0], [2]], [[3], [1]], [[-1], [0]], [[1], [9]]] * 2,
+                     np.int32)
+  flags = np.ones((N, 2, 2), bool)
+  got = np.asarray(tfspmd.pmap(scatter)(indices, flags))
+  want = np.zeros((N, 3, 2), bool)
+  for d in range(N):
+    for (k,) in indices[d]:
+      if 0 <= k < 3:
+        want[d, k] = True
+  np.testing.assert_array_equal(got, want)
+
+
+def test_the_same_indices_on_every_device_drop_those_outside():
+  tensor = np.arange(N * 1000, dtype=np.float32).reshape(N, 1000)
+  indices = np.array([[3], [1000], [-2], [999]], np.int32)
+  got = np.asarray(tfspmd.pmap(
+      lambda t, u: tf.tensor_scatter_nd_add(t, tf.constant(indices), u),
+      in_axes=(0, None))(tensor, np.ones(4, np.float32)))
+  want = tensor.copy()
+  want[:, 3] += 1
+  want[:, 999] += 1
+  np.testing.assert_array_equal(got, want)
+
+
 def test_gather_nd_of_shared_params_at_per_device_indices():
   params = np.arange(24, dtype=np.float32).reshape(4, 3, 2)
   indices = np.random.default_rng(2).integers(
@@ -174,3 +234,18 @@ def test_bool_updates_and_a_scatter_of_no_updates():
   got = np.asarray(tfspmd.pmap(tf.tensor_scatter_nd_update)(
       tensor, np.zeros((N, 0, 1), np.int32), np.zeros((N, 0), np.float32)))
   np.testing.assert_array_equal(got, tensor)
+
+
+@pytest.mark.parametrize("scatter", [
+    lambda v: tf.tensor_scatter_nd_update(tf.zeros((2, 4)), [[0]], v[None]),
+    lambda v: tf.scatter_nd([[0]], v[None], (2, 4)),
+])
+def test_rows_scattered_into_new_zeros_then_summed_and_split(scatter):
+  # The psum_scatter after it splits the scattered rows over the devices,
+  # so DTensor lays the scatter out for that split.
+  rows = np.arange(8, dtype=np.float32).reshape(2, 4)
+  got = np.asarray(tfspmd.pmap(
+      lambda v: tfspmd.lax.psum_scatter(scatter(v), "i", tiled=True), "i",
+      devices=tfspmd.devices()[:2])(rows))
+  np.testing.assert_array_equal(got[0, 0], rows.sum(axis=0))
+  np.testing.assert_array_equal(got[1, 0], np.zeros(4))

@@ -51,8 +51,8 @@ def _expansion_failure(error, axis_name):
       f"the function mapped over axis {axis_name!r} uses the op "
       f"{found.group(1)}, which DTensor (TF {tf.__version__}) could not split "
       f"over the devices: {why}. Build the op's inputs another way (a "
-      f"tf.where or a one-hot sum instead of a scatter into new zeros), or "
-      f"compute the op outside the mapped function.")
+      f"tf.where or a one-hot sum), or compute the op outside the mapped "
+      f"function.")
 
 
 def _names_taken(error, axis_name):

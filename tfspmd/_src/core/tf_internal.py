@@ -200,6 +200,16 @@ def wrap_converted(tensor, stacked):
   return _pfor.wrap(tensor, stacked)
 
 
+def converted_outputs(returned):
+  """The `ConvertedValue` of each output, from what a pfor converter returned.
+
+  A converter returns one wrapped value for an op of one output, or a list.
+  """
+  if isinstance(returned, _pfor.WrappedTensor):
+    returned = [returned]
+  return [ConvertedValue(w.t, w.is_stacked) for w in returned]
+
+
 def default_pfor_converter(op_type):
   """pfor's own converter for ops of `op_type`, called with an `OpInputs`."""
   converter = _pfor._pfor_converter_registry[op_type]  # pylint: disable=protected-access

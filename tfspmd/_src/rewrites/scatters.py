@@ -46,10 +46,10 @@ def convert(op_inputs):
   if (not indices.stacked or axis_env.split_leading_dims() > 1 or
       not (dtype.is_floating or dtype.is_integer or dtype.is_complex) or
       not indices.tensor.shape.is_fully_defined()):
-    return per_position.default_or_per_position(op_inputs)
+    return _own_route_dropping_outside(op_inputs, indices_at)
   base = _base(op_inputs)
   if base is None or not base.shape.is_fully_defined():
-    return per_position.default_or_per_position(op_inputs)
+    return _own_route_dropping_outside(op_inputs, indices_at)
   size = op_inputs.loop_size
   indices = indices.tensor
   dims = base.shape.as_list()[1:]
@@ -61,13 +61,50 @@ def convert(op_inputs):
     # No updates: the tensor as it is (the op's own route crashes, TF 2.21).
     return [tf_internal.wrap_converted(base, True)]
   if count * targets * row > _COMPARISON_LIMIT:
-    return per_position.default_or_per_position(op_inputs)
+    return _own_route_dropping_outside(op_inputs, indices_at)
   updates = tf.reshape(op_inputs.stacked_input(updates_at),
                        [size, count, 1, row])
   hits = _hits(tf.reshape(indices, [size, count, depth]), dims[:depth])
   flat = tf.reshape(base, [size, targets, row])
   result = _COMBINE[operation.type](flat, hits, updates)
   return [tf_internal.wrap_converted(tf.reshape(result, base.shape), True)]
+
+
+def _own_route_dropping_outside(op_inputs, indices_at):
+  """The op's own route, an index outside the tensor dropping its update.
+
+  The op's kernel refuses such an index when the program runs, where XLA
+  and JAX drop its update (and the comparison route above does): each one
+  is sent to an extra row past the tensor's first axis, cut off after.
+  Where the tensor's shape is not known while tracing, the route as it is.
+  """
+  base = _base(op_inputs)
+  depth = op_inputs.input(indices_at).tensor.shape[-1]
+  if (base is None or depth is None or
+      not base.shape[1:depth + 1].is_fully_defined()):
+    return per_position.default_or_per_position(op_inputs)
+  dims = base.shape.as_list()[1:depth + 1]
+  indices, stacked = op_inputs.input(indices_at)
+  inside = tf.reduce_all(
+      tf.logical_and(indices >= 0, indices < tf.constant(dims, indices.dtype)),
+      axis=-1, keepdims=True)
+  extra_row = tf.constant([dims[0]] + [0] * (depth - 1), indices.dtype)
+  values = list(op_inputs.inputs())
+  values[indices_at] = tf_internal.ConvertedValue(
+      tf.where(inside, indices, extra_row), stacked)
+  padding = [[0, 0], [0, 1]] + [[0, 0]] * (base.shape.rank - 2)
+  if op_inputs.op.type == "ScatterNd":
+    shape = base.shape.as_list()[1:]
+    shape[0] += 1
+    values[2] = tf_internal.ConvertedValue(
+        tf.constant(shape, op_inputs.input(2).tensor.dtype), False)
+  else:
+    values[0] = tf_internal.ConvertedValue(tf.pad(base, padding), True)
+  padded = per_position.default_or_per_position(
+      tf_internal.with_inputs(op_inputs, values))
+  result, result_stacked = tf_internal.converted_outputs(padded)[0]
+  return [tf_internal.wrap_converted(result[:, :dims[0]] if result_stacked
+                                     else result[:dims[0]], result_stacked)]
 
 
 def _base(op_inputs):
