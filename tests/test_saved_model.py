@@ -123,6 +123,35 @@ def test_a_saved_module_loads_back_in_this_process(tmp_path):
                              atol=1e-6)
 
 
+class _SameOnEveryDevice(tf.Module):
+  """Collectives of values every device holds alike, and of its own rows."""
+
+  def __init__(self):
+    super().__init__()
+    self._mapped = tfspmd.pmap(
+        lambda row, shared: (lax.psum(shared, "b") + lax.psum(2., "b") +
+                             lax.pmax(shared, "b") + row),
+        "b", in_axes=(0, None))
+
+  @tf.function(input_signature=[tf.TensorSpec([8, 3], tf.float32),
+                                tf.TensorSpec([3], tf.float32)])
+  def serve(self, rows, shared):
+    return self._mapped(rows, shared)
+
+
+def test_collectives_of_values_alike_on_every_device_save_and_load(tmp_path):
+  # TensorFlow saves the gradient of every custom-gradient op of a saved
+  # function; such a collective's is one only the pmap's trace can build.
+  shared = np.array([1., -2., 0.5], np.float32)
+  expected = _ROWS + 8 * shared + 8 * 2. + shared
+  path = str(tmp_path / "same_on_every_device")
+  tf.saved_model.save(_SameOnEveryDevice(), path)
+  loaded = tf.saved_model.load(path)
+  np.testing.assert_allclose(
+      loaded.serve(tf.constant(_ROWS), tf.constant(shared)).numpy(),
+      expected, rtol=1e-6)
+
+
 # --- a serving signature with an open batch size -----------------------------
 
 

@@ -21,7 +21,25 @@ _GRADIENT_ATTRIBUTE = "tfspmd_gradient"
 
 @tf.RegisterGradient(_GRADIENT_NAME)
 def _gradient_kept_on_the_op(op, *output_gradients):
-  return getattr(op, _GRADIENT_ATTRIBUTE)(*output_gradients)
+  gradient = getattr(op, _GRADIENT_ATTRIBUTE, None)
+  if gradient is None:
+    # A SavedModel traces the gradient of each op it saves with no op at
+    # all, and pfor copies an op that does not vary between devices without
+    # its Python attributes: neither has the transpose, which only a pmap's
+    # trace can build. Saving goes on; differentiating such a copy fails.
+    return [_unavailable(value) for value in output_gradients]
+  return gradient(*output_gradients)
+
+
+def _unavailable(like):
+  """A tensor like `like` whose computation fails, saying why."""
+  check = tf.debugging.Assert(False, [
+      "the gradient of a tfspmd collective whose value is the same on every "
+      "device, or of one in a SavedModel, is not available here: take "
+      "gradients inside the mapped function, or of the pmap call before "
+      "saving"])
+  with tf.control_dependencies([check]):
+    return tf.zeros_like(like)
 
 
 def custom_gradient(f):
