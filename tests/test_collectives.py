@@ -185,15 +185,8 @@ def test_pswapaxes(n):
 
 
 @pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("collective", [
-    "ppermute",
-    pytest.param("psum_scatter", marks=pytest.mark.xfail(strict=True, reason=(
-        "DTensor carries psum_scatter's split back into the "
-        "tf.tensor_scatter_nd_update that made its input, whose updates "
-        "have an axis of length 1 ('does not evenly divide'); relaying "
-        "the input out along the mapped axis first breaks the FSDP "
-        "gradient instead (a reduction DTensor cannot expand)"))),
-    "all_to_all"])
+@pytest.mark.parametrize("collective", ["ppermute", "psum_scatter",
+                                        "all_to_all"])
 def test_collective_of_a_row_written_into_new_zeros(n, collective):
   # The collective's input is made on the device (zeros, one row set from
   # the argument), so nothing but the collective decides its layout.

@@ -46,7 +46,7 @@ def _expansion_failure(error, axis_name):
     return None
   why = error.message.split("error: ", 1)[-1]
   why = why.split(". The full requested layout")[0].split("\n")[0]
-  why = re.sub(r" sharding_specs:\S*( mesh:\S*)?", "", why).rstrip(".")
+  why = re.sub(r" sharding_specs:\S*( mesh:\S*)?", "", why).strip().rstrip(".")
   return ValueError(
       f"the function mapped over axis {axis_name!r} uses the op "
       f"{found.group(1)}, which DTensor (TF {tf.__version__}) could not split "
