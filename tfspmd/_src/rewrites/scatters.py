@@ -78,28 +78,26 @@ def _own_route_dropping_outside(op_inputs, indices_at):
   is sent to an extra row past the tensor's first axis, cut off after.
   Where the tensor's shape is not known while tracing, the route as it is.
   """
-  base = _base(op_inputs)
+  shape = _scattered_shape(op_inputs)
   depth = op_inputs.input(indices_at).tensor.shape[-1]
-  if (base is None or depth is None or
-      not base.shape[1:depth + 1].is_fully_defined()):
+  if (shape is None or depth is None or
+      not shape[:depth].is_fully_defined()):
     return per_position.default_or_per_position(op_inputs)
-  dims = base.shape.as_list()[1:depth + 1]
+  dims = shape.as_list()[:depth]
   indices, stacked = op_inputs.input(indices_at)
-  inside = tf.reduce_all(
-      tf.logical_and(indices >= 0, indices < tf.constant(dims, indices.dtype)),
-      axis=-1, keepdims=True)
   extra_row = tf.constant([dims[0]] + [0] * (depth - 1), indices.dtype)
   values = list(op_inputs.inputs())
   values[indices_at] = tf_internal.ConvertedValue(
-      tf.where(inside, indices, extra_row), stacked)
-  padding = [[0, 0], [0, 1]] + [[0, 0]] * (base.shape.rank - 2)
+      tf.where(_inside(indices, dims)[..., None], indices, extra_row), stacked)
   if op_inputs.op.type == "ScatterNd":
-    shape = base.shape.as_list()[1:]
-    shape[0] += 1
+    padded_shape = shape.as_list()
+    padded_shape[0] += 1
     values[2] = tf_internal.ConvertedValue(
-        tf.constant(shape, op_inputs.input(2).tensor.dtype), False)
+        tf.constant(padded_shape, op_inputs.input(2).tensor.dtype), False)
   else:
-    values[0] = tf_internal.ConvertedValue(tf.pad(base, padding), True)
+    padding = [[0, 0], [0, 1]] + [[0, 0]] * (shape.rank - 1)
+    values[0] = tf_internal.ConvertedValue(
+        tf.pad(op_inputs.stacked_input(0), padding), True)
   padded = per_position.default_or_per_position(
       tf_internal.with_inputs(op_inputs, values))
   result, result_stacked = tf_internal.converted_outputs(padded)[0]
@@ -107,15 +105,29 @@ def _own_route_dropping_outside(op_inputs, indices_at):
                                      else result[:dims[0]], result_stacked)]
 
 
-def _base(op_inputs):
-  """The stacked tensor scattered into, or None if its shape is not static."""
+def _scattered_shape(op_inputs):
+  """One position's shape of the tensor scattered into, or None if not static.
+
+  ScatterNd's is its shape input's value, known only if that is a constant.
+  """
   if op_inputs.op.type != "ScatterNd":
-    return op_inputs.stacked_input(0)
+    tensor, stacked = op_inputs.input(0)
+    return tensor.shape[1:] if stacked else tensor.shape
   shape = op_inputs.input(2)
   known = static_values.value(shape.tensor)
   if shape.stacked or known is None:
     return None
-  return tf.zeros([op_inputs.loop_size] + [int(d) for d in known],
+  return tf.TensorShape([int(d) for d in known])
+
+
+def _base(op_inputs):
+  """The stacked tensor scattered into, or None if its shape is not static."""
+  if op_inputs.op.type != "ScatterNd":
+    return op_inputs.stacked_input(0)
+  shape = _scattered_shape(op_inputs)
+  if shape is None:
+    return None
+  return tf.zeros([op_inputs.loop_size] + shape.as_list(),
                   op_inputs.inputs()[1].tensor.dtype)
 
 
@@ -129,14 +141,18 @@ def _product(dims):
 def _hits(indices, dims):
   """[n, count, targets, 1]: whether update k of position p lands on t."""
   strides = [_product(dims[axis + 1:]) for axis in range(len(dims))]
-  inside = tf.reduce_all(
-      tf.logical_and(indices >= 0, indices < tf.constant(dims, indices.dtype)),
-      axis=-1)
   linear = tf.reduce_sum(indices * tf.constant(strides, indices.dtype),
                          axis=-1)
-  linear = tf.where(inside, linear, -tf.ones_like(linear))
+  linear = tf.where(_inside(indices, dims), linear, -tf.ones_like(linear))
   every = tf.range(_product(dims), dtype=indices.dtype)
   return tf.equal(linear[:, :, None], every)[..., None]
+
+
+def _inside(indices, dims):
+  """Whether each index (the last axis of `indices`) lies inside `dims`."""
+  return tf.reduce_all(
+      tf.logical_and(indices >= 0, indices < tf.constant(dims, indices.dtype)),
+      axis=-1)
 
 
 def _landed(hits, updates, empty):
