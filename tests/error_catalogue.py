@@ -100,13 +100,13 @@ PLACEHOLDERS = [
      "initialize() was already called in this process (process 1 of 2); call "
      "it once."),
     (PROCESSES, "a plain tensor passed to your tf.function that calls a "
-     "pmap, with several processes", "TensorFlow's InvalidArgumentError "
-     "\"No OpKernel was registered to support Op 'Relayout'\" when the "
-     "tf.function runs: it traces a tensor and a DTensor alike, so tfspmd "
-     "cannot tell them apart while tracing, and one device holds only this "
-     "process's part. Pass the pmap's result (a ShardedArray) or its "
-     "`.dtensor_value` (README, inside your own tf.function); in one process "
-     "plain tensors run on one device"),
+     "pmap, with several processes", "ValueError when the tf.function is "
+     "called: \"a tf.function that calls a pmap over several processes was "
+     "given a plain tensor for argument `v`, which is only this process's "
+     "part: pass the array the pmap takes as a ShardedArray ... or its "
+     "`.dtensor_value`, or call the pmap outside the tf.function.\"; beside "
+     "a DTensor a plain tensor is copied whole to every device, and in one "
+     "process plain tensors alone run on one device"),
     (PROCESSES, "DTENSOR_JOBS names several processes but initialize() was "
      "not called", "RuntimeError at the first device query: DTENSOR_JOBS "
      "names 2 processes, but the multi-process runtime was not started: call "

@@ -71,6 +71,15 @@ def seed():
       tf.cast(out.dtensor_value, tf.float32))
   report["centered"] = [float(c.numpy()[0])
                         for c in dtensor.unpack(centered)]
+  # A plain tensor holds only this process's part: refused in tfspmd's words.
+  try:
+    tf.function(lambda v: center(v))(tf.range(4, dtype=tf.float32))
+  except ValueError as e:
+    report["plain_in_tf_function"] = str(e)
+  # Beside a DTensor, a plain tensor is what every device gets whole.
+  shifted = tf.function(lambda v, k: center(v) + k)(
+      tf.cast(out.dtensor_value, tf.float32), tf.fill([8], 2.))
+  report["shifted"] = [float(c.numpy()[0]) for c in dtensor.unpack(shifted)]
   try:
     tfspmd.distributed.initialize()
   except RuntimeError as e:

@@ -256,3 +256,69 @@ def test_a_tf_function_of_sharded_arrays_traces_once_per_mesh():
     total(on_four[0], on_eight[0])
   moved = tfspmd.device_put(on_eight[0], on_four[0].sharding)
   assert total(on_four[0], moved).numpy() == 32 * 2. + 64 * 5.
+
+
+def test_plain_values_beside_a_sharded_array_arrive_whole_on_its_devices():
+  x = np.arange(48, dtype=np.float32).reshape(8, 6)
+  doubled = tfspmd.pmap(lambda v: v * 2.)(x)
+  traces = []
+
+  @tf.function
+  def combine(a, extra):
+    traces.append(1)
+    plain, array = extra["pair"]
+    return a + plain * array
+
+  plain = tf.fill([8, 6], 3.)
+  array = np.linspace(0., 1., 48, dtype=np.float32).reshape(8, 6)
+  result = combine(doubled, {"pair": (plain, array)})
+  # Every device holds the result whole, so TensorFlow reads it.
+  assert len(dtensor.unpack(result)) == 8
+  np.testing.assert_allclose(result.numpy(), 2. * x + 3. * array, rtol=1e-6)
+  # The array's DTensor, split over the devices, keeps its split, with
+  # the same trace.
+  split = combine(doubled.dtensor_value, {"pair": (plain, array)})
+  assert len(dtensor.unpack(split)) == 8
+  np.testing.assert_allclose(dtensor.unpack(split)[5].numpy(),
+                             (2. * x + 3. * array)[5:6], rtol=1e-6)
+  assert len(traces) == 1
+
+
+def test_a_plain_tensor_beside_a_dtensor_goes_into_a_pmap_inside():
+  x = np.arange(32, dtype=np.float32).reshape(8, 4)
+  scaled_sum = tfspmd.pmap(lambda v, w: lax.psum(v * w, "i"), "i",
+                           in_axes=(0, None))
+  placed = tfspmd.pmap(lambda v: v + 0.)(x).dtensor_value
+  run = tf.function(scaled_sum)
+  for w in ([1., 2., 3., 4.], [0.5, -1., 2., 0.]):
+    got = run(placed, tf.constant(w))
+    np.testing.assert_allclose(
+        np.stack([u.numpy()[0] for u in dtensor.unpack(got)]),
+        np.tile((x * np.array(w, np.float32)).sum(0), (8, 1)), rtol=1e-6)
+
+
+def test_a_small_sharded_array_beside_a_large_plain_tensor():
+  # An array of under 20 elements DTensor folds as a constant of the
+  # function: the plain tensor goes on the mesh of the array it came from.
+  small = tfspmd.pmap(lambda v: v * 10.)(np.arange(8, dtype=np.float32))
+  large = tf.reshape(tf.range(64, dtype=tf.float32), [8, 8])
+  got = tf.function(lambda s, m: m * s[:, None])(small, large)
+  np.testing.assert_array_equal(
+      got.numpy(), np.arange(64.).reshape(8, 8) * 10. * np.arange(8.)[:, None])
+
+
+def test_dtensors_on_two_meshes_name_their_arguments():
+  on_four = tfspmd.pmap(lambda v: v + 1., devices=tfspmd.devices()[:4])(
+      np.zeros((4, 8), np.float32))
+  on_eight = tfspmd.pmap(lambda v: v + 1.)(np.zeros((8, 4), np.float32))
+  total = tf.function(lambda a, b: tf.reduce_sum(a) + tf.reduce_sum(b))
+  message = (r"DTensors on different meshes: argument `a` on the devices "
+             r"\[0, 1, 2, 3, 4, 5, 6, 7\], argument `b` on \[0, 1, 2, 3\]")
+  with pytest.raises(ValueError, match=message):
+    total(on_eight, on_four.dtensor_value)
+  again = tf.function(lambda a, b: tf.reduce_sum(a) + tf.reduce_sum(b))
+  with pytest.raises(ValueError, match=message):
+    again(on_eight.dtensor_value, on_four)
+  moved = tfspmd.device_put(on_four, tfspmd.NamedSharding(
+      on_eight.sharding.mesh, tfspmd.PartitionSpec()))
+  assert again(on_eight.dtensor_value, moved).numpy() == 64.

@@ -157,6 +157,15 @@ def test_pmap_inside_a_tf_function_on_a_multi_process_result(seed):
   expected = whole - whole.mean()
   assert seed[0]["centered"] == expected[:4].tolist()
   assert seed[1]["centered"] == expected[4:].tolist()
+  assert seed[0]["shifted"] == (expected[:4] + 2.).tolist()
+  assert seed[1]["shifted"] == (expected[4:] + 2.).tolist()
+
+
+def test_a_plain_tensor_into_a_tf_function_around_a_pmap_is_refused(seed):
+  for report in seed:
+    assert report["plain_in_tf_function"].startswith(
+        "a tf.function that calls a pmap over several processes was given a "
+        "plain tensor for argument `v`, which is only this process's part")
 
 
 def test_devices_spanning_processes_map_over_the_local_ones(seed):

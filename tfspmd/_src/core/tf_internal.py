@@ -24,9 +24,12 @@ SUPPORTED_TF_VERSIONS = ("2.21",)
 try:
   from tensorflow.dtensor.python import accelerator_util as _accelerator_util
   from tensorflow.dtensor.python import api as _dtensor_api
+  from tensorflow.core.function.polymorphism import function_type as _function_type
+  from tensorflow.python import _pywrap_dtensor_device
   from tensorflow.python.eager import context as _context
   from tensorflow.python.eager import execute as _execute
   from tensorflow.python.eager import record as _record
+  from tensorflow.python.eager.polymorphic_function import transform as _function_transform
   from tensorflow.python.framework import errors_impl as _errors_impl
   from tensorflow.core.lib.core import error_codes_pb2 as _error_codes
   from tensorflow.core.protobuf import config_pb2 as _config_pb2
@@ -300,6 +303,38 @@ def dtensor_lowerings_and_kernels():
     return 0, 0
   stats = device._get_stats()  # pylint: disable=protected-access
   return stats["function_manager.miss"], stats["kernel_cache.size"]
+
+
+def dtensor_layout_text(tensor):
+  """The layout of the eager DTensor `tensor`, as DTensor writes it; None if plain.
+
+  A tenth of the time of `dtensor.fetch_layout(tensor).mesh` and of hashing
+  the Mesh it makes, for a check on every input of a call.
+  """
+  device = dtensor_device()
+  if device is None:
+    return None
+  handle = _context.context()._handle  # pylint: disable=protected-access
+  info = device._device_info  # pylint: disable=protected-access
+  if not _pywrap_dtensor_device.IsDTensor(handle, tensor, info):
+    return None
+  return _pywrap_dtensor_device.FetchLayout(handle, tensor, info)
+
+
+# What a tf.function's concrete function takes and returns: its
+# `unpack_inputs` turns each call's arguments into the function's inputs.
+FunctionType = _function_type.FunctionType
+
+
+def on_new_concrete_function(callback):
+  """Calls `callback(concrete_function)` for every function traced from now on."""
+  if callback not in _function_transform.CONCRETE_FUNCTION_CALLBACKS:
+    _function_transform.CONCRETE_FUNCTION_CALLBACKS.append(callback)
+
+
+def set_function_type(concrete_function, function_type):
+  """Gives `concrete_function` the `FunctionType` its calls go through."""
+  concrete_function._function_type = function_type  # pylint: disable=protected-access
 
 
 def new_dtensor_device():

@@ -23,6 +23,7 @@ from tfspmd._src.arguments import arguments
 from tfspmd._src.programs import pmap_trace
 from tfspmd._src.rewrites import side_effects
 from tfspmd._src.runtime import devices
+from tfspmd._src.runtime import function_inputs
 from tfspmd._src.runtime.sharded_array import ShardedArray
 
 
@@ -32,6 +33,8 @@ def call(pmapped, args, kwargs):
   bound = options.args.bind(args, kwargs)
   values = []
   several = devices.process_count() > 1
+  function_inputs.mark(tf.compat.v1.get_default_graph(),
+                       laid_out_over_processes=several)
   for leaf, path, axis in zip(bound.leaves, bound.paths, bound.in_axes):
     if isinstance(leaf, ShardedArray):
       leaf = leaf.dtensor_value

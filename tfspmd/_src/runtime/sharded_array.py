@@ -16,6 +16,7 @@ from tfspmd._src.core import multiprocess_hooks
 from tfspmd._src.runtime import array_ops
 from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import dtensor_device
+from tfspmd._src.runtime import function_inputs
 from tfspmd._src.runtime import named_sharding
 from tfspmd._src.runtime import placement as placement_lib
 from tfspmd._src.runtime import small_values
@@ -336,6 +337,8 @@ class ShardedArray:
     what it returns is readable (`.numpy()`), as DTensor reads only
     DTensors that are whole on each device. To keep the array split inside
     the function (a loop of pmap calls), pass `dtensor_value` instead.
+    Plain tensors given beside it go whole to the same devices
+    (`function_inputs`).
     """
     del context  # unused
     self._check_alive()
@@ -635,8 +638,10 @@ class _ShardedArraySpec(tf.TensorSpec):
         not isinstance(other, _ShardedArraySpec) or other._mesh == self._mesh)
 
   def placeholder_value(self, placeholder_context):
-    if self._mesh is not None and not placeholder_context.unnest_only:
-      _check_one_mesh(self, placeholder_context.context_graph)
+    if not placeholder_context.unnest_only:
+      function_inputs.mark(placeholder_context.context_graph)
+      if self._mesh is not None:
+        _check_one_mesh(self, placeholder_context.context_graph)
     return super().placeholder_value(placeholder_context)
 
   def cast(self, value, casting_context):
