@@ -322,3 +322,33 @@ def test_dtensors_on_two_meshes_name_their_arguments():
   moved = tfspmd.device_put(on_four, tfspmd.NamedSharding(
       on_eight.sharding.mesh, tfspmd.PartitionSpec()))
   assert again(on_eight.dtensor_value, moved).numpy() == 64.
+
+
+def test_a_tape_outside_the_function_differentiates_reductions_on_dtensors():
+  # DTensor cannot lay out the shape a reduction's gradient computes when
+  # the reduced axes are not constants.
+  rng = np.random.default_rng(3)
+  x = rng.uniform(0.5, 2., (8, 3)).astype(np.float32)
+  w = np.array([0.7, -1.3, 2.1], np.float32)
+
+  def per_device(v, u):
+    p = v * u
+    return lax.psum(tf.reduce_mean(p) + tf.reduce_max(p, axis=-1) +
+                    tf.reduce_sum(tf.square(p), axis=0, keepdims=True)[0],
+                    "i")
+
+  loss = tf.function(tfspmd.pmap(per_device, "i", in_axes=(0, None),
+                                 out_axes=None))
+  placed = tfspmd.pmap(lambda v: v + 0.)(x).dtensor_value
+  weights = tf.constant(w)
+  with tf.GradientTape() as tape:
+    tape.watch(weights)
+    value = loss(placed, weights)
+  grad = tape.gradient(value, weights)
+  p = x * w
+  np.testing.assert_allclose(
+      value.numpy(), (p.mean(1) + p.max(1) + (p ** 2).sum(1)).sum(),
+      rtol=1e-5)
+  largest = np.eye(3)[p.argmax(1)]
+  np.testing.assert_allclose(
+      grad.numpy(), (x / 3. + x * largest + 2. * x * p).sum(0), rtol=1e-5)

@@ -34,8 +34,6 @@ def value(tensor, depth=8):
   """The NumPy value of `tensor` if it is known when tracing, else None.
 
   >>> import tensorflow as tf
-
-from tfspmd._src.core import tf_internal
   >>> graph = tf.Graph()
   >>> with graph.as_default():
   ...   x = tf.compat.v1.placeholder(tf.float32, [6])

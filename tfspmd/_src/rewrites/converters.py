@@ -35,6 +35,7 @@ from tfspmd._src.rewrites import rank_limits
 from tfspmd._src.rewrites import scatters
 from tfspmd._src.rewrites import segment_reductions
 from tfspmd._src.rewrites import side_effects
+from tfspmd._src.rewrites import static_axes
 
 
 class Route(NamedTuple):
@@ -70,6 +71,7 @@ def _routes() -> dict[str, tuple[Route, ...]]:
   add(["StridedSliceGrad"], new_axis.convert_gradient, new_axis.applies)
   add(random_ops.SEEDED, per_position.convert)
   add(segment_reductions.SEGMENT_TYPES, segment_reductions.convert)
+  add(static_axes.REDUCTION_TYPES, static_axes.convert_reduction)
   add(scatters.SCATTER_TYPES, scatters.convert)
   add(sorted(rank_limits.BINARY), rank_limits.convert_binary)
   add(sorted(rank_limits.SAME_SHAPE_GRADIENTS),
