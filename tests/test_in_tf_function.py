@@ -352,3 +352,38 @@ def test_a_tape_outside_the_function_differentiates_reductions_on_dtensors():
   largest = np.eye(3)[p.argmax(1)]
   np.testing.assert_allclose(
       grad.numpy(), (x / 3. + x * largest + 2. * x * p).sum(0), rtol=1e-5)
+
+
+def test_a_training_step_takes_its_state_on_the_devices_and_batches_from_numpy():
+  # The state stays on the devices between steps; each step's batch comes
+  # from the host, as a NumPy array, beside it.
+  rng = np.random.default_rng(1)
+  true_w = rng.standard_normal((5, 4)).astype(np.float32)
+
+  def grads(w, xb, yb):
+    with tf.GradientTape() as tape:
+      tape.watch(w)
+      loss = tf.reduce_mean((xb @ w - yb) ** 2)
+    return lax.pmean(tape.gradient(loss, w), "i"), lax.pmean(loss, "i")
+
+  pgrads = tfspmd.pmap(grads, "i", in_axes=(None, 0, 0), out_axes=None)
+
+  @tf.function
+  def step(w, xb, yb):
+    g, loss = pgrads(w, xb, yb)
+    return w - 0.05 * g, loss
+
+  w = tfspmd.device_put(np.zeros((5, 4), np.float32), tfspmd.NamedSharding(
+      tfspmd.make_mesh((8,), ("i",)), tfspmd.PartitionSpec()))
+  expected = np.zeros((5, 4))
+  for _ in range(4):
+    x = rng.standard_normal((8, 6, 5)).astype(np.float32)
+    y = x @ true_w
+    w, loss = step(w, x, y)
+    xs, ys = x.reshape(-1, 5).astype(np.float64), y.reshape(-1, 4)
+    loss_expected = np.mean((xs @ expected - ys) ** 2)
+    expected = expected - 0.05 * 2 * xs.T @ (xs @ expected - ys) / ys.size
+  assert dtensor.is_dtensor(w)
+  np.testing.assert_allclose(w.numpy(), expected, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(loss.numpy(), loss_expected, rtol=1e-4)
+  assert step.experimental_get_tracing_count() == 1
