@@ -409,6 +409,44 @@ def test_gradient_through_a_loop_per_device_matches_debug_mode():
                              rtol=1e-5)
 
 
+@pytest.mark.parametrize("how", ["tape", "tf.gradients"])
+def test_gradient_through_a_loop_whose_trip_count_differs_per_device(how):
+  # Device i multiplies by v for i + 1 steps: d(v ** (i + 1))/dv. The
+  # backward loop reads each device's own steps back from its list.
+  x = np.linspace(0.5, 1.5, N * 2, dtype=np.float32).reshape(N, 2)
+
+  def power(v):
+    steps = tf.cast(lax.axis_index("i"), tf.int32) + 1
+    return tf.while_loop(lambda k, c: k < steps, lambda k, c: (k + 1, c * v),
+                         (0, tf.ones_like(v)), maximum_iterations=N)[1]
+
+  def grad(v):
+    if how == "tf.gradients":
+      return power(v), tf.gradients(power(v), v)[0]
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      y = power(v)
+    return y, tape.gradient(y, v)
+
+  value, gradient = run(grad, x)
+  steps = np.arange(1, N + 1, dtype=np.float64)[:, None]
+  np.testing.assert_allclose(value, x.astype(np.float64) ** steps, rtol=1e-5)
+  np.testing.assert_allclose(gradient, steps * x.astype(np.float64) ** (
+      steps - 1), rtol=1e-5)
+
+
+def test_tensor_array_read_at_a_per_device_index():
+  x = data(4)
+
+  def pick(v):
+    rows = tf.TensorArray(tf.float32, size=4).unstack(
+        tf.stack([v * k for k in (1., 2., 3., 4.)]))
+    return rows.read(lax.axis_index("i") % 4)
+
+  expected = x * (np.arange(N) % 4 + 1.)[:, None]
+  np.testing.assert_allclose(run(pick, x), expected, rtol=1e-6)
+
+
 def test_loop_in_a_loop_with_a_psum_in_the_inner_one():
   x = data(3)
 

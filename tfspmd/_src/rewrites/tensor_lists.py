@@ -184,13 +184,32 @@ def _get_item(conversion, operation, pending):
 def _read(conversion, dense, index):
   """Row `index` of the dense list `dense` (both `ConvertedValue`s)."""
   if index.stacked:
-    rows = _repeated(dense, True, conversion.size)
-    value = tf.gather(rows, index.tensor, axis=1, batch_dims=1)
+    value = _row_of_each(_repeated(dense, True, conversion.size),
+                         index.tensor)
   elif dense.stacked:
     value = tf.gather(dense.tensor, index.tensor, axis=1)
   else:
     value = tf.gather(dense.tensor, index.tensor, axis=0)
   return tf_internal.ConvertedValue(value, dense.stacked or index.stacked)
+
+
+def _row_of_each(rows, index):
+  """Row `index[k]` of position k's list `rows[k]`, for each position k.
+
+  The row a mask keeps, summed over the list: a gather with the positions
+  as its batch dimension is one DTensor cannot split (TF 2.21: "input and
+  output layout do not agree on non-axis dim 0"), as a backward loop whose
+  forward loop ran a different number of steps on each device reads.
+  """
+  if not (rows.dtype.is_bool or rows.dtype.is_floating or
+          rows.dtype.is_complex or rows.dtype.is_integer):
+    return tf.gather(rows, index, axis=1, batch_dims=1)
+  at = tf.equal(tf.range(rows.shape[1]), index[:, None])
+  mask = tf.reshape(at, at.shape.as_list() + [1] * (rows.shape.rank - 2))
+  kept = dtensor_rewrites.select(mask, rows, tf.zeros_like(rows))
+  if rows.dtype.is_bool:
+    return tf.reduce_any(kept, axis=1)
+  return tf.reduce_sum(kept, axis=1)
 
 
 def _set_item(conversion, operation, pending):
