@@ -354,7 +354,7 @@ def test_a_tape_outside_the_function_differentiates_reductions_on_dtensors():
       grad.numpy(), (x / 3. + x * largest + 2. * x * p).sum(0), rtol=1e-5)
 
 
-def test_a_training_step_takes_its_state_on_the_devices_and_batches_from_numpy():
+def test_a_training_step_takes_state_on_the_devices_and_batches_from_numpy():
   # The state stays on the devices between steps; each step's batch comes
   # from the host, as a NumPy array, beside it.
   rng = np.random.default_rng(1)

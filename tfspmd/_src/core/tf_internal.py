@@ -326,6 +326,27 @@ def dtensor_layout_text(tensor):
 FunctionType = _function_type.FunctionType
 
 
+def argument_of_each_input(function_type, bound_parameters):
+  """The name of the argument each of a call's inputs comes from.
+
+  In the order `function_type.unpack_inputs(bound_parameters)` gives the
+  inputs: its parameters in its own order, an input passed twice (a
+  variable) once.
+  """
+  names = []
+  for parameter in function_type._sorted_parameters:  # pylint: disable=protected-access
+    names += [parameter.name] * len(parameter.type_constraint.to_tensors(
+        bound_parameters.arguments[parameter.name]))
+  kept, seen = [], set()
+  for name, input_type in zip(names, function_type.flat_inputs):
+    alias = input_type._alias_id()  # pylint: disable=protected-access
+    if alias is None or alias not in seen:
+      kept.append(name)
+    if alias is not None:
+      seen.add(alias)
+  return kept
+
+
 def on_new_concrete_function(callback):
   """Calls `callback(concrete_function)` for every function traced from now on."""
   if callback not in _function_transform.CONCRETE_FUNCTION_CALLBACKS:

@@ -26,6 +26,7 @@ from tfspmd._src.core import tf_internal
 from tfspmd._src.runtime import placement as placement_lib
 from tfspmd._src.runtime import small_values
 
+
 @dataclasses.dataclass
 class _Marks:
   """What the trace of one function found."""
@@ -85,34 +86,20 @@ class _InputsOnOneMesh(tf_internal.FunctionType):
       flat[position] = placement_lib.replicated(flat[position], mesh)
     return flat
 
-  def _argument_of_inputs(self, bound_parameters):
-    """The name of the argument each of a call's flat inputs comes from."""
-    names = []
-    for parameter in self._sorted_parameters:
-      names += [parameter.name] * len(parameter.type_constraint.to_tensors(
-          bound_parameters.arguments[parameter.name]))
-    kept, seen = [], set()
-    for name, input_type in zip(names, self.flat_inputs):
-      alias = input_type._alias_id()  # pylint: disable=protected-access
-      if alias is None or alias not in seen:
-        kept.append(name)
-      if alias is not None:
-        seen.add(alias)
-    return kept
-
   def _two_meshes(self, bound_parameters, flat, meshes):
-    names = self._argument_of_inputs(bound_parameters)
+    names = tf_internal.argument_of_each_input(self, bound_parameters)
     first, second = list(meshes.values())[:2]
     return (
         f"a tf.function was called with DTensors on different meshes: "
         f"argument `{names[first]}` on the devices "
         f"{_device_ids(flat[first])}, argument `{names[second]}` on "
-        f"{_device_ids(flat[second])}. DTensor runs a function on one mesh: put "
-        f"the arrays on one first (`tfspmd.device_put(b, a.sharding)` for "
-        f"ShardedArrays), or call the function on each mesh's arrays apart.")
+        f"{_device_ids(flat[second])}. DTensor runs a function on one "
+        f"mesh: put the arrays on one first (`tfspmd.device_put(b, "
+        f"a.sharding)` for ShardedArrays), or call the function on each "
+        f"mesh's arrays apart.")
 
   def _host_part(self, bound_parameters, position):
-    name = self._argument_of_inputs(bound_parameters)[position]
+    name = tf_internal.argument_of_each_input(self, bound_parameters)[position]
     return (
         f"a tf.function that calls a pmap over several processes was given "
         f"a plain tensor for argument `{name}`, which is only this "
