@@ -322,6 +322,30 @@ def test_dtensors_on_two_meshes_name_their_arguments():
   moved = tfspmd.device_put(on_four, tfspmd.NamedSharding(
       on_eight.sharding.mesh, tfspmd.PartitionSpec()))
   assert again(on_eight.dtensor_value, moved).numpy() == 64.
+  # Their DTensors alone, in a function of TensorFlow's ops only.
+  only_dtensors = tf.function(lambda a, b: tf.reduce_sum(a) + tf.reduce_sum(b))
+  with pytest.raises(ValueError, match=message):
+    only_dtensors(on_eight.dtensor_value, on_four.dtensor_value)
+
+
+def test_a_plain_tensor_beside_a_dtensor_value_after_a_plain_trace():
+  # A function first traced for plain tensors is traced anew for an
+  # array's DTensor, whose call then places the plain tensor beside it.
+  x = np.arange(32, dtype=np.float32).reshape(8, 4)
+  add = tf.function(lambda a, b: a + b)
+  np.testing.assert_array_equal(add(tf.constant(x), tf.constant(x)).numpy(),
+                                2 * x)
+  placed = tfspmd.pmap(lambda v: v * 3.)(x).dtensor_value
+  result = add(placed, tf.constant(x))
+  np.testing.assert_array_equal(
+      np.concatenate([c.numpy() for c in dtensor.unpack(result)]), 4 * x)
+  assert add.experimental_get_tracing_count() == 2
+  # The array itself, arriving whole on its devices, with no trip through
+  # the host.
+  whole = add(tfspmd.pmap(lambda v: v * 3.)(x), tf.constant(x))
+  assert len(dtensor.unpack(whole)) == 8
+  np.testing.assert_array_equal(dtensor.unpack(whole)[7].numpy(), 4 * x)
+  assert add.experimental_get_tracing_count() == 3
 
 
 def test_a_tape_outside_the_function_differentiates_reductions_on_dtensors():

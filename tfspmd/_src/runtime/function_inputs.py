@@ -6,8 +6,9 @@ is a scalar or a small integer tensor, and DTensors of two meshes fail in
 its mesh propagation. `tf.function` casts each argument on its own and
 traces a DTensor and a plain tensor alike, so no argument's trace type sees
 the mix; a function's `FunctionType` sees every input of a call at once
-(`unpack_inputs`). A function whose trace took a ShardedArray or called a
-pmap is marked (`mark`), and its concrete functions get a `FunctionType`
+(`unpack_inputs`). A function whose trace took a ShardedArray or its
+`dtensor_value` (`CheckedInputSpec`), or called a pmap, is marked (`mark`),
+and its concrete functions get a `FunctionType`
 that, at each eager call given a DTensor, copies the plain tensors whole to
 every device of the DTensors' mesh, as `tfspmd.jit` places them, and names
 the arguments given on two meshes. Calls given no DTensor run as before: on
@@ -48,6 +49,50 @@ def mark(graph: tf.Graph, laid_out_over_processes: bool = False) -> None:
       marks = graph._tfspmd_function_inputs = _Marks()  # pylint: disable=protected-access
     marks.laid_out_over_processes |= laid_out_over_processes
     graph = getattr(graph, "outer_graph", None)
+
+
+class CheckedInputSpec(tf.TensorSpec):
+  """The trace type of an array tfspmd hands out: it marks the function.
+
+  A function traced for plain tensors does not check its calls' inputs, so
+  an array of this type is not taken as a subtype of a plain `TensorSpec`:
+  it traces the function anew.
+  """
+
+  def placeholder_value(self, placeholder_context):
+    if not placeholder_context.unnest_only:
+      mark(placeholder_context.context_graph)
+    return super().placeholder_value(placeholder_context)
+
+  def is_subtype_of(self, other):
+    return isinstance(other, CheckedInputSpec) and super().is_subtype_of(
+        other)
+
+
+class _TracedAsChecked:
+  """A DTensor's `__tf_tracing_type__`: its `CheckedInputSpec`."""
+
+  __slots__ = ("_spec",)
+
+  def __init__(self, spec):
+    self._spec = spec
+
+  def __call__(self, context):
+    del context  # unused
+    return self._spec
+
+
+def traced_as_checked(value: tf.Tensor) -> tf.Tensor:
+  """`value`, an eager DTensor, which `tf.function` traces as checked.
+
+  `tf.function` asks a tensor for its trace type through the tensor
+  (`value.__tf_tracing_type__`), so this one DTensor answers with a
+  `CheckedInputSpec`; the spec holds no reference to the tensor.
+  """
+  if "__tf_tracing_type__" not in value.__dict__:
+    value.__tf_tracing_type__ = _TracedAsChecked(
+        CheckedInputSpec(value.shape, value.dtype))
+  return value
 
 
 class _InputsOnOneMesh(tf_internal.FunctionType):

@@ -169,10 +169,15 @@ class ShardedArray:
 
   @property
   def dtensor_value(self) -> tf.Tensor:
-    """The underlying DTensor, for use with TensorFlow's DTensor API."""
+    """The underlying DTensor, for use with TensorFlow's DTensor API.
+
+    A `tf.function` given it checks its call's inputs as for a ShardedArray
+    (`function_inputs`): plain tensors beside it go whole to its devices,
+    and arrays on another mesh are named.
+    """
     if self._value is None:
       self._check_alive()
-    return self._live()
+    return function_inputs.traced_as_checked(self._live())
 
   def devices(self) -> tuple[devices_lib.Device, ...]:
     """The devices holding the array, in mesh order."""
@@ -599,7 +604,7 @@ class ShardedArray:
     return ", ".join(splits)
 
 
-class _ShardedArraySpec(tf.TensorSpec):
+class _ShardedArraySpec(function_inputs.CheckedInputSpec):
   """The trace type of a ShardedArray: a tensor of its global shape, on its mesh.
 
   The mesh is part of the type, so a function called with arrays on another
@@ -634,14 +639,14 @@ class _ShardedArraySpec(tf.TensorSpec):
     return super().__hash__()
 
   def is_subtype_of(self, other):
-    return super().is_subtype_of(other) and (
-        not isinstance(other, _ShardedArraySpec) or other._mesh == self._mesh)
+    # A function traced for any other tensor would take the array through
+    # the host (`__tf_tensor__`).
+    return (isinstance(other, _ShardedArraySpec) and
+            super().is_subtype_of(other) and other._mesh == self._mesh)
 
   def placeholder_value(self, placeholder_context):
-    if not placeholder_context.unnest_only:
-      function_inputs.mark(placeholder_context.context_graph)
-      if self._mesh is not None:
-        _check_one_mesh(self, placeholder_context.context_graph)
+    if self._mesh is not None and not placeholder_context.unnest_only:
+      _check_one_mesh(self, placeholder_context.context_graph)
     return super().placeholder_value(placeholder_context)
 
   def cast(self, value, casting_context):
