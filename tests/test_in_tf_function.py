@@ -312,8 +312,10 @@ def test_dtensors_on_two_meshes_name_their_arguments():
       np.zeros((4, 8), np.float32))
   on_eight = tfspmd.pmap(lambda v: v + 1.)(np.zeros((8, 4), np.float32))
   total = tf.function(lambda a, b: tf.reduce_sum(a) + tf.reduce_sum(b))
-  message = (r"DTensors on different meshes: argument `a` on the devices "
-             r"\[0, 1, 2, 3, 4, 5, 6, 7\], argument `b` on \[0, 1, 2, 3\]")
+  message = (r"DTensors on different meshes: argument `a`, on a mesh "
+             r"\(\w+=8\) of CPU:0, CPU:1, CPU:2, CPU:3, CPU:4, CPU:5, CPU:6, "
+             r"CPU:7, and argument `b`, on a mesh \(\w+=4\) of CPU:0, CPU:1, "
+             r"CPU:2, CPU:3\. DTensor runs a function on one mesh")
   with pytest.raises(ValueError, match=message):
     total(on_eight, on_four.dtensor_value)
   again = tf.function(lambda a, b: tf.reduce_sum(a) + tf.reduce_sum(b))
@@ -411,3 +413,44 @@ def test_a_training_step_takes_state_on_the_devices_and_batches_from_numpy():
   np.testing.assert_allclose(w.numpy(), expected, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(loss.numpy(), loss_expected, rtol=1e-4)
   assert step.experimental_get_tracing_count() == 1
+
+
+def test_arrays_the_function_closes_over_set_the_mesh_of_plain_arguments():
+  w = np.linspace(-1., 1., 32, dtype=np.float32).reshape(8, 4)
+  params = tfspmd.pmap(lambda v: v + 0.)(w)
+  scale = tfspmd.pmap(lambda p, x: p * x, in_axes=(0, None))
+
+  @tf.function
+  def apply(x):
+    return scale(params, x)
+
+  x = np.array([1., -2., 3., 0.5], np.float32)
+  result = apply(tf.constant(x))
+  np.testing.assert_allclose(
+      np.concatenate([c.numpy() for c in dtensor.unpack(result)]), w * x,
+      rtol=1e-6)
+  # The array's trace type is made anew for each trace: capturing it does
+  # not rename the argument of a later function given it.
+  double = tf.function(lambda a: a * 2.)
+  concrete = double.get_concrete_function(params.dtensor_value)
+  assert concrete.inputs[0].name.startswith("a:")
+  np.testing.assert_allclose(
+      np.concatenate([c.numpy() for c in dtensor.unpack(
+          double(params.dtensor_value))]), 2 * w, rtol=1e-6)
+  # An argument on another mesh than the closed-over array is named.
+  on_four = tfspmd.pmap(lambda v: v + 1., devices=tfspmd.devices()[:4])(
+      np.zeros((4, 8), np.float32))
+  shift = tf.function(lambda b: params.dtensor_value + tf.reduce_sum(b))
+  with pytest.raises(ValueError, match=(
+      r"a DTensor the function closes over, on a mesh \(\w+=8\) .*, and "
+      r"argument `b`, on a mesh \(\w+=4\)")):
+    shift(on_four)
+
+
+def test_reduce_retracing_keeps_the_mesh_of_sharded_arrays():
+  total = tf.function(tf.reduce_sum, reduce_retracing=True)
+  for rows in (3, 5, 7):
+    array = tfspmd.pmap(lambda v: v + 1.)(np.zeros((8, rows), np.float32))
+    assert total(array).numpy() == 8. * rows
+  # One trace for the first shape, one for every later one.
+  assert total.experimental_get_tracing_count() == 2

@@ -70,16 +70,20 @@ class CheckedInputSpec(tf.TensorSpec):
 
 
 class _TracedAsChecked:
-  """A DTensor's `__tf_tracing_type__`: its `CheckedInputSpec`."""
+  """A DTensor's `__tf_tracing_type__`: a new `CheckedInputSpec` of it.
 
-  __slots__ = ("_spec",)
+  New at each trace: TensorFlow names the spec of a tensor a function
+  captures, and a shared one would carry that name into other traces.
+  """
 
-  def __init__(self, spec):
-    self._spec = spec
+  __slots__ = ("_shape", "_dtype")
+
+  def __init__(self, shape, dtype):
+    self._shape, self._dtype = shape, dtype
 
   def __call__(self, context):
     del context  # unused
-    return self._spec
+    return CheckedInputSpec(self._shape, self._dtype)
 
 
 def traced_as_checked(value: tf.Tensor) -> tf.Tensor:
@@ -87,11 +91,10 @@ def traced_as_checked(value: tf.Tensor) -> tf.Tensor:
 
   `tf.function` asks a tensor for its trace type through the tensor
   (`value.__tf_tracing_type__`), so this one DTensor answers with a
-  `CheckedInputSpec`; the spec holds no reference to the tensor.
+  `CheckedInputSpec`; the answer holds no reference to the tensor.
   """
   if "__tf_tracing_type__" not in value.__dict__:
-    value.__tf_tracing_type__ = _TracedAsChecked(
-        CheckedInputSpec(value.shape, value.dtype))
+    value.__tf_tracing_type__ = _TracedAsChecked(value.shape, value.dtype)
   return value
 
 
@@ -99,12 +102,16 @@ class _InputsOnOneMesh(tf_internal.FunctionType):
   """A FunctionType whose eager calls place plain tensors beside DTensors."""
 
   laid_out_over_processes = False
+  # (mesh text, a DTensor on it) of a DTensor the function closes over.
+  captured = None
 
   def unpack_inputs(self, bound_parameters):
     flat = super().unpack_inputs(bound_parameters)
     if not tf.executing_eagerly():
       return flat
     meshes, folded, plain = {}, None, []
+    if self.captured is not None:
+      meshes[self.captured[0]] = None
     for position, value in enumerate(flat):
       if not isinstance(value, tf.Tensor) or value.dtype in (
           tf.resource, tf.variant):
@@ -116,7 +123,7 @@ class _InputsOnOneMesh(tf_internal.FunctionType):
       elif _folded_by_dtensor(value, layout):
         folded = position if folded is None else folded
       else:
-        meshes.setdefault(layout.partition(" mesh:")[2], position)
+        meshes.setdefault(_mesh_text(layout), position)
     if len(meshes) > 1:
       raise ValueError(self._two_meshes(bound_parameters, flat, meshes))
     if not plain:
@@ -126,22 +133,28 @@ class _InputsOnOneMesh(tf_internal.FunctionType):
         raise ValueError(self._host_part(bound_parameters, plain[0]))
       return flat
     (on_mesh,) = meshes.values() or (folded,)
-    mesh = dtensor.fetch_layout(flat[on_mesh]).mesh
+    on = self.captured[1] if on_mesh is None else flat[on_mesh]
+    mesh = dtensor.fetch_layout(on).mesh
     for position in plain:
       flat[position] = placement_lib.replicated(flat[position], mesh)
     return flat
 
   def _two_meshes(self, bound_parameters, flat, meshes):
     names = tf_internal.argument_of_each_input(self, bound_parameters)
+
+    def described(position):
+      if position is None:
+        return (f"a DTensor the function closes over, "
+                f"{_mesh_words(self.captured[1])}")
+      return f"argument `{names[position]}`, {_mesh_words(flat[position])}"
+
     first, second = list(meshes.values())[:2]
     return (
         f"a tf.function was called with DTensors on different meshes: "
-        f"argument `{names[first]}` on the devices "
-        f"{_device_ids(flat[first])}, argument `{names[second]}` on "
-        f"{_device_ids(flat[second])}. DTensor runs a function on one "
-        f"mesh: put the arrays on one first (`tfspmd.device_put(b, "
-        f"a.sharding)` for ShardedArrays), or call the function on each "
-        f"mesh's arrays apart.")
+        f"{described(first)}, and {described(second)}. DTensor runs a "
+        f"function on one mesh: put the arrays on one first "
+        f"(`tfspmd.device_put(b, a.sharding)` for ShardedArrays), or call "
+        f"the function on each mesh's arrays apart.")
 
   def _host_part(self, bound_parameters, position):
     name = tf_internal.argument_of_each_input(self, bound_parameters)[position]
@@ -151,6 +164,11 @@ class _InputsOnOneMesh(tf_internal.FunctionType):
         f"process's part: pass the array the pmap takes as a ShardedArray "
         f"(an earlier pmap's result, or `tfspmd.device_put`) or its "
         f"`.dtensor_value`, or call the pmap outside the tf.function.")
+
+
+def _mesh_text(layout):
+  """The mesh part of a DTensor layout's text."""
+  return layout.partition(" mesh:")[2]
 
 
 def _copied_by_dtensor(value):
@@ -168,10 +186,23 @@ def _folded_by_dtensor(value, layout):
           small_values.is_small(value.shape, value.dtype))
 
 
-def _device_ids(value):
-  """The ids of the devices of the DTensor `value`'s mesh."""
-  return [int(name.rsplit(":", 1)[1])
-          for name in dtensor.fetch_layout(value).mesh.local_devices()]
+def _mesh_words(value):
+  """The mesh of the DTensor `value` in words, for messages."""
+  mesh = dtensor.fetch_layout(value).mesh
+  dims = ", ".join(f"{name}={mesh.dim_size(name)}" for name in mesh.dim_names)
+  devices = [name.rsplit("/device:", 1)[1] for name in mesh.local_devices()]
+  return f"on a mesh ({dims}) of {', '.join(devices)}"
+
+
+def _captured_dtensor(concrete_function):
+  """(mesh text, tensor) of a DTensor `concrete_function` closes over."""
+  for captured in concrete_function.graph.external_captures:
+    if not isinstance(captured, tf.Tensor) or tf.is_symbolic_tensor(captured):
+      continue
+    layout = tf_internal.dtensor_layout_text(captured)
+    if layout is not None and not _folded_by_dtensor(captured, layout):
+      return _mesh_text(layout), captured
+  return None
 
 
 def _place_inputs_of_marked(concrete_function):
@@ -183,6 +214,7 @@ def _place_inputs_of_marked(concrete_function):
   placing = _InputsOnOneMesh(current.parameters.values(), current.captures,
                              return_annotation=current.output)
   placing.laid_out_over_processes = marks.laid_out_over_processes
+  placing.captured = _captured_dtensor(concrete_function)
   tf_internal.set_function_type(concrete_function, placing)
 
 

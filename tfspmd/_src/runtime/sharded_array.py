@@ -633,7 +633,7 @@ class _ShardedArraySpec(function_inputs.CheckedInputSpec):
             f"{[d.id for d in self._placement.devices]})")
 
   def __eq__(self, other):
-    return super().__eq__(other) and self._mesh == other._mesh
+    return super().__eq__(other) and _same_mesh(self._mesh, other._mesh)
 
   def __hash__(self):
     return super().__hash__()
@@ -642,7 +642,19 @@ class _ShardedArraySpec(function_inputs.CheckedInputSpec):
     # A function traced for any other tensor would take the array through
     # the host (`__tf_tensor__`).
     return (isinstance(other, _ShardedArraySpec) and
-            super().is_subtype_of(other) and other._mesh == self._mesh)
+            super().is_subtype_of(other) and _same_mesh(other._mesh,
+                                                        self._mesh))
+
+  def most_specific_common_supertype(self, others):
+    # TensorFlow's supertype (reduce_retracing) is made anew, without the
+    # mesh; arrays on other meshes have none.
+    if not all(_same_mesh(getattr(other, "_mesh", None), self._mesh)
+               for other in others):
+      return None
+    supertype = super().most_specific_common_supertype(others)
+    if supertype is not None:
+      supertype._placement, supertype._mesh = self._placement, self._mesh  # pylint: disable=protected-access
+    return supertype
 
   def placeholder_value(self, placeholder_context):
     if self._mesh is not None and not placeholder_context.unnest_only:
@@ -653,6 +665,12 @@ class _ShardedArraySpec(function_inputs.CheckedInputSpec):
     if isinstance(value, ShardedArray):
       value = value._whole_on_devices()  # pylint: disable=protected-access
     return super().cast(value, casting_context)
+
+
+def _same_mesh(mesh, other):
+  """Whether two meshes, each a DTensor Mesh or None, are the same."""
+  return mesh is other or (
+      mesh is not None and other is not None and mesh == other)
 
 
 def _check_one_mesh(spec, graph):
