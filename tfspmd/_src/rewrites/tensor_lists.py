@@ -181,10 +181,16 @@ def _get_item(conversion, operation, pending):
   conversion.define(operation.outputs[0], _read(conversion, dense, index))
 
 
-def _read(conversion, dense, index):
-  """Row `index` of the dense list `dense` (both `ConvertedValue`s)."""
+def _read(conversion, dense, index, in_range=False):
+  """Row `index` of the dense list `dense` (both `ConvertedValue`s).
+
+  `in_range`: whether the index is known to lie in the list (a backward
+  step's pop), so that a per-device row may be read with a mask, which
+  has no index to refuse.
+  """
+  rows_of_each = _row_of_each if in_range else _gathered_row_of_each
   if index.stacked:
-    value = _row_of_each(_repeated(dense, True, conversion.size),
+    value = rows_of_each(_repeated(dense, True, conversion.size),
                          index.tensor)
   elif dense.stacked:
     value = tf.gather(dense.tensor, index.tensor, axis=1)
@@ -203,13 +209,18 @@ def _row_of_each(rows, index):
   """
   if not (rows.dtype.is_bool or rows.dtype.is_floating or
           rows.dtype.is_complex or rows.dtype.is_integer):
-    return tf.gather(rows, index, axis=1, batch_dims=1)
+    return _gathered_row_of_each(rows, index)
   at = tf.equal(tf.range(rows.shape[1]), index[:, None])
   mask = tf.reshape(at, at.shape.as_list() + [1] * (rows.shape.rank - 2))
   kept = dtensor_rewrites.select(mask, rows, tf.zeros_like(rows))
   if rows.dtype.is_bool:
     return tf.reduce_any(kept, axis=1)
   return tf.reduce_sum(kept, axis=1)
+
+
+def _gathered_row_of_each(rows, index):
+  """`_row_of_each` by a gather, which refuses an index outside the list."""
+  return tf.gather(rows, index, axis=1, batch_dims=1)
 
 
 def _set_item(conversion, operation, pending):
@@ -316,7 +327,8 @@ def _push_or_pop(conversion, operation, position):
       steps.tensor - 1 - counter.tensor, steps.stacked or counter.stacked)
   dense = conversion.convert(operation.inputs[0])
   conversion.define(operation.outputs[0], dense)
-  conversion.define(operation.outputs[1], _read(conversion, dense, row))
+  conversion.define(operation.outputs[1],
+                    _read(conversion, dense, row, in_range=True))
 
 
 def _zeros_like(conversion, operation, pending):
