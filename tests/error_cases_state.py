@@ -97,7 +97,7 @@ def sharded_arithmetic_other_devices():
 @case("config-unknown-setting", STATE,
       "tfspmd.config.update('jax_debug_nans', True)", AttributeError,
       r"tfspmd.config.update: no setting 'jax_debug_nans'; the settings are "
-      r"\['tfspmd_enable_x64', 'tfspmd_log_compiles'\] \(JAX's names: "
+      r"\['tfspmd_enable_x64', 'tfspmd_executor', 'tfspmd_log_compiles'\] \(JAX's names: "
       r"\['jax_enable_x64', 'jax_log_compiles'\]\)")
 def config_unknown_setting():
   tfspmd.config.update("jax_debug_nans", True)
@@ -120,7 +120,7 @@ def config_attribute_assignment():
 @case("config-attribute-unknown", STATE, "tfspmd.config.enable_x64 = False",
       AttributeError,
       r"tfspmd.config has no setting 'enable_x64' to assign; the settings are "
-      r"\['tfspmd_enable_x64', 'tfspmd_log_compiles'\], changed with "
+      r"\['tfspmd_enable_x64', 'tfspmd_executor', 'tfspmd_log_compiles'\], changed with "
       r"tfspmd.config.update")
 def config_attribute_unknown():
   tfspmd.config.enable_x64 = False

@@ -28,6 +28,9 @@ _NARROWER = {
 
 X64_ENV = "JAX_ENABLE_X64"
 LOG_COMPILES_ENV = "JAX_LOG_COMPILES"
+EXECUTOR_ENV = "TFSPMD_EXECUTOR"
+# What `tfspmd_executor` takes (`executors.selection` says what each runs).
+EXECUTORS = ("auto", "host", "dtensor")
 # The words JAX takes for a boolean variable of the environment.
 _TRUE = ("y", "yes", "t", "true", "on", "1")
 _FALSE = ("n", "no", "f", "false", "off", "0")
@@ -50,6 +53,16 @@ def _from_environment(variable, setting, default):
       f"{setting} on or off, got {value!r}.")
 
 
+def _executor_from_environment():
+  """`TFSPMD_EXECUTOR` as a `tfspmd_executor` value, 'auto' when unset."""
+  value = os.environ.get(EXECUTOR_ENV, "auto").strip().lower() or "auto"
+  if value not in EXECUTORS:
+    raise ValueError(
+        f"{EXECUTOR_ENV} must be one of {EXECUTORS} (which executor runs "
+        f"tfspmd's programs), got {os.environ[EXECUTOR_ENV]!r}.")
+  return value
+
+
 class Config:
   """tfspmd's settings; read at every call, changed with `update`.
 
@@ -67,6 +80,13 @@ class Config:
       on the `tfspmd` logger, with the function, its arguments' dtypes and
       shapes, and the time. Also named `jax_log_compiles`, and set at
       import by `JAX_LOG_COMPILES` as x64 by its variable.
+    tfspmd_executor: What runs a compiled program. 'auto' (the default):
+      one XLA program on the host for a mesh of CPU devices of one process
+      (they share the host's cores; collectives are reductions in memory),
+      DTensor's SPMD expansion for accelerators and several processes.
+      'host' or 'dtensor' forces one (docs/architecture.md weighs them).
+      `TFSPMD_EXECUTOR` in the environment sets it at import. A program
+      keeps the executor it was traced under.
 
   Example:
     >>> import numpy as np, tfspmd
@@ -85,7 +105,8 @@ class Config:
         "tfspmd_enable_x64": _from_environment(X64_ENV, "tfspmd_enable_x64",
                                                True),
         "tfspmd_log_compiles": _from_environment(
-            LOG_COMPILES_ENV, "tfspmd_log_compiles", False)}
+            LOG_COMPILES_ENV, "tfspmd_log_compiles", False),
+        "tfspmd_executor": _executor_from_environment()}
 
   def __getattr__(self, name: str) -> Any:
     values = self.__dict__.get("_values", {})
@@ -111,28 +132,45 @@ class Config:
         f"{sorted(self._values)}, changed with tfspmd.config.update(name, "
         f"value).")
 
-  def update(self, name: str, value: bool) -> None:
+  def update(self, name: str, value: bool | str) -> None:
     """Sets the setting `name` to `value`.
 
     Args:
       name: A setting's name, tfspmd's or JAX's ('jax_enable_x64').
-      value: True or False (a NumPy bool too, as JAX takes).
+      value: True or False (a NumPy bool too, as JAX takes); for
+        `tfspmd_executor`, one of 'auto', 'host', 'dtensor'.
 
     Raises:
       AttributeError: If there is no setting `name`.
-      TypeError: If `value` is not a bool.
+      TypeError: If `value` is not a bool (not a str, for the executor).
+      ValueError: If the executor named is not one of them.
     """
     name = _ALIASES.get(name, name)
     if name not in self._values:
       raise AttributeError(
           f"tfspmd.config.update: no setting {name!r}; the settings are "
           f"{sorted(self._values)} (JAX's names: {sorted(_ALIASES)}).")
+    if name == "tfspmd_executor":
+      self._set_executor(value)
+      return
     if not isinstance(value, (bool, np.bool_)):
       raise TypeError(
           f"tfspmd.config.update: {name} must be True or False, got "
           f"{type(value).__name__} {value!r}.")
     with self._lock:
       self._values[name] = bool(value)
+
+  def _set_executor(self, value):
+    if not isinstance(value, str):
+      raise TypeError(
+          f"tfspmd.config.update: tfspmd_executor must be one of "
+          f"{EXECUTORS}, got {type(value).__name__} {value!r}.")
+    if value not in EXECUTORS:
+      raise ValueError(
+          f"tfspmd.config.update: tfspmd_executor must be one of "
+          f"{EXECUTORS}, got {value!r}.")
+    with self._lock:
+      self._values["tfspmd_executor"] = value
 
   def narrowed(self, array: np.ndarray) -> np.ndarray:
     """`array` (a NumPy array) as it arrives on the devices under the settings."""

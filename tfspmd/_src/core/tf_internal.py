@@ -29,6 +29,7 @@ try:
   from tensorflow.python.eager import context as _context
   from tensorflow.python.eager import execute as _execute
   from tensorflow.python.eager import record as _record
+  from tensorflow.python.eager.polymorphic_function import concrete_function as _concrete_function
   from tensorflow.python.eager.polymorphic_function import transform as _function_transform
   from tensorflow.python.framework import errors_impl as _errors_impl
   from tensorflow.core.lib.core import error_codes_pb2 as _error_codes
@@ -496,6 +497,44 @@ _NAME_TAKEN = re.compile(r"Cannot add function '[^']*' because a different "
                          r"function with the same name already exists")
 RELOWERINGS = 7
 _NOTHING_HELD = contextlib.nullcontext()
+
+
+def plain_caller(concrete_function):
+  """Calls `concrete_function` on a flat list of tensors, its captures added.
+
+  As `flat_caller`, without re-binding the arguments at every call; for
+  programs that DTensor does not lower (the host executor's), so with none
+  of DTensor's renaming.
+  """
+  call_flat = concrete_function._call_flat  # pylint: disable=protected-access
+  captured = concrete_function.captured_inputs
+  return lambda tensors: call_flat(tensors, captured)
+
+
+def without_xla(concrete_function):
+  """A function of the same graph as `concrete_function`, run without XLA.
+
+  `tf.function(jit_compile=True)` marks its functions for XLA; this one is
+  made of the same graph, unmarked, so TensorFlow's kernels run its ops one
+  by one: the route of a program XLA cannot compile.
+  """
+  return _concrete_function.ConcreteFunction.from_func_graph(
+      concrete_function.graph, concrete_function.function_type,
+      {"_noinline": True})
+
+
+_XLA_REFUSED = re.compile(
+    r"tf2xla conversion failed|Detected unsupported operations when trying "
+    r"to compile|XLA compilation requires|must be a compile-time constant")
+
+
+def xla_refused(error):
+  """Whether `error` is XLA's refusal to compile a program (not a run failure).
+
+  XLA compiles a program before any of its ops runs, so a program it
+  refused ran nothing.
+  """
+  return bool(_XLA_REFUSED.search(str(error)))
 
 
 def name_taken(error):

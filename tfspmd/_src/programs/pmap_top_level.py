@@ -20,6 +20,8 @@ from tfspmd._src.core import dtensor_settings
 from tfspmd._src.core import multiprocess_hooks
 from tfspmd._src.core import run_errors
 from tfspmd._src.core.config import config
+from tfspmd._src.executors import host as host_executor
+from tfspmd._src.executors import selection
 from tfspmd._src.programs import pmap_trace
 from tfspmd._src.rewrites import side_effects
 from tfspmd._src.runtime import dtensor_device
@@ -113,6 +115,8 @@ def run(program, values, axis_name):
   here, where its failure surfaces. The program's prints and checks happen
   after it ran (`side_effects`): a failed check raises here.
   """
+  if program.executor == selection.HOST:
+    return _run_on_host(program, values, axis_name)
   placed = [_place_wide(value, placement) if wide else
             _place(value, placement, blocks)
             for value, placement, blocks, wide in zip(
@@ -160,6 +164,43 @@ def run(program, values, axis_name):
           for value, placement, shape, dtype, wide in zip(
               outputs, program.output_placements, program.output_shapes,
               program.output_dtypes, program.output_wide)]
+
+
+def _run_on_host(program, values, axis_name):
+  """`run` for the host executor: the whole arrays in, the whole arrays out."""
+  executable = program.function
+  tensors = [_whole_on_host(value, executable.device) for value in values]
+  first_run = not program.ran and config.tfspmd_log_compiles
+  program.ran = True
+  start = time.perf_counter() if first_run else None
+  try:
+    outputs = executable.run(tensors)
+  except tf.errors.OpError as e:
+    raise run_errors.failed_run(e, axis_name) from None
+  if first_run:
+    compile_log.compiled(program.name, program.signature,
+                         time.perf_counter() - start)
+  count = len(program.output_placements)
+  if program.effects:
+    effects = pmap_trace.effect_values(program, [
+        ShardedArray.on_host(value, placement, shape, value.dtype)
+        for value, placement, shape in zip(
+            outputs[count:], program.effect_placements,
+            program.effect_shapes)])
+    side_effects.replay_on_host(program.effects, effects, axis_name)
+  return [ShardedArray.on_host(value, placement, shape, dtype)
+          for value, placement, shape, dtype in zip(
+              outputs[:count], program.output_placements,
+              program.output_shapes, program.output_dtypes)]
+
+
+def _whole_on_host(value, device):
+  """The whole array of one input leaf, as a tensor the host program takes."""
+  if isinstance(value, ShardedArray):
+    return value._whole_tensor()  # pylint: disable=protected-access
+  if isinstance(value, tf.Tensor) and dtensor.is_dtensor(value):
+    return placement_lib.whole_on_host(value)
+  return host_executor.put(value, device)
 
 
 def _as_expanded_outputs(values, placed, placements):

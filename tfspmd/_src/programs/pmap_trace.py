@@ -21,6 +21,9 @@ from tfspmd._src.core import merged_dims
 from tfspmd._src.core import multiprocess_hooks
 from tfspmd._src.core import run_errors
 from tfspmd._src.core import tf_internal
+from tfspmd._src.core.config import config
+from tfspmd._src.executors import host as host_executor
+from tfspmd._src.executors import selection
 from tfspmd._src.programs import pmap_nested
 from tfspmd._src.programs import steps as steps_lib
 from tfspmd._src.programs import vectorize
@@ -45,7 +48,8 @@ class Program:
 
   Attributes:
     function: Calls the compiled program on placed inputs (None for a
-      program traced into a user's graph).
+      program traced into a user's graph); for the host executor, its
+      `host.HostExecutable`.
     input_placements: The `Placement` of each input leaf.
     input_wide: For each input leaf, whether the program takes it wide
       (`small_values`).
@@ -77,6 +81,7 @@ class Program:
     name: The mapped function, as messages name it ('pmap of step').
     signature: `((shape, dtype), ...)` of the inputs it was traced for.
     ran: Whether it ran once (DTensor lowered and compiled it then).
+    executor: What runs it (`selection.HOST` or `selection.DTENSOR`).
   """
   function: object
   input_placements: tuple
@@ -102,6 +107,7 @@ class Program:
   name: str = ""
   signature: tuple = ()
   ran: bool = False
+  executor: str = selection.DTENSOR
 
 
 @functools.lru_cache(maxsize=4096)
@@ -138,8 +144,19 @@ def cached_program(options, programs, key, call, values, in_user_graph=False,
     program.name, program.signature = function_name(options), key[2]
     compile_log.traced(programs, program.name, key[2],
                        time.perf_counter() - start)
-    programs.put((in_user_graph, lays_out) + key, program)
+    programs.put(_cache_prefix(in_user_graph, lays_out) + key, program)
   return program
+
+
+def _cache_prefix(in_user_graph, lays_out):
+  """What a program's cache key holds beyond the call's signature.
+
+  A program at the top level keeps the executor it was traced under: a
+  change of `tfspmd_executor` traces anew.
+  """
+  executor = (None if in_user_graph or not lays_out else
+              config.tfspmd_executor)
+  return (in_user_graph, lays_out, executor)
 
 
 def function_name(options):
@@ -153,11 +170,12 @@ def function_name(options):
 def known_program(programs, key, in_user_graph=False, lays_out=True):
   """The `Program` of the call signature `key` in `programs`, or None.
 
-  None also for a program traced before DTensor's device was replaced
-  (`dtensor_device.generation`): it cannot run on the new one.
+  None also for a DTensor program traced before DTensor's device was
+  replaced (`dtensor_device.generation`): it cannot run on the new one.
   """
-  program = programs.get((in_user_graph, lays_out) + key)
-  if (program is None or
+  program = programs.get(_cache_prefix(in_user_graph, lays_out) + key)
+  if program is None or (
+      program.executor == selection.DTENSOR and
       program.device_generation != dtensor_device.generation()):
     return None
   return program
@@ -177,6 +195,8 @@ class _Call:
     devices: The devices of the program's mesh in this process.
     in_user_graph: Whether the program is for a user's graph (`inline`).
     lays_out: Whether the program places its values on the mesh.
+    executor: What runs it (`selection`): a program the host executor
+      runs lays nothing out.
   """
   options: object
   call: object
@@ -187,6 +207,7 @@ class _Call:
   devices: tuple
   in_user_graph: bool
   lays_out: bool
+  executor: str = selection.DTENSOR
 
 
 def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
@@ -208,8 +229,15 @@ def _trace(options, call, shapes, dtypes, in_user_graph, lays_out):
     devices, devices_error = options.devices, error
   else:
     devices_error = None
+  executor = selection.DTENSOR
+  if not in_user_graph and lays_out:
+    executor = selection.executor_for(
+        [device.platform for device in devices],
+        devices_lib.process_count(), function_name(options))
+    lays_out = executor == selection.DTENSOR
   signature = _Call(options, call, tuple(axes), tuple(dtypes), tuple(shapes),
-                    top_local, tuple(devices), in_user_graph, lays_out)
+                    top_local, tuple(devices), in_user_graph, lays_out,
+                    executor)
 
   def trace(size, shapes, parts, crossing):
     try:
@@ -337,9 +365,10 @@ def _trace_whole(signature, size, shapes, parts, crossing,
                    else size),
       devices=signature.devices, lays_out=signature.lays_out, parts=parts,
       crossing=crossing, given_devices=options.devices is not None)
-  # A program the user's graph calls takes that graph's tensors as they are.
+  # A program the user's graph calls takes that graph's tensors as they
+  # are, and one that lays nothing out takes them whole.
   input_wide = tuple(
-      not signature.in_user_graph and axis is None and
+      signature.lays_out and not signature.in_user_graph and axis is None and
       leaf not in split_by_nested and small_values.is_small(shape, dtype)
       for leaf, (shape, axis, dtype) in enumerate(
           zip(shapes, axes, signature.dtypes)))
@@ -471,16 +500,22 @@ def _program(signature, state, size, shapes, top_dim, input_wide, program,
       spec[original_axis] = dim
     input_placements.append(placement_for(mesh_key, tuple(spec)))
   mesh = mesh_lib.mesh_for_axes(*mesh_key)
-  graph_def = concrete.graph.as_graph_def()
-  replicated_ops.enroll(node.op for node in dtensor_settings.nodes(graph_def))
-  switches = dtensor_settings.for_program(
-      mesh_key.devices, len(mesh_key.sizes), devices_lib.process_count(),
-      graph_def, after_a_failure=dtensor_device.generation() > 0)
+  on_host = signature.executor == selection.HOST
+  graph_def = None if on_host else concrete.graph.as_graph_def()
+  switches = ()
   # A program traced into a user's graph runs only there (`inline`); what
   # it closes over may be the user's graph tensors, which DTensor cannot
   # place from here.
   function = None
-  if not signature.in_user_graph:
+  if on_host:
+    function = host_executor.HostExecutable(
+        concrete, signature.devices[0].name, function_name(signature.options))
+  elif not signature.in_user_graph:
+    replicated_ops.enroll(
+        node.op for node in dtensor_settings.nodes(graph_def))
+    switches = dtensor_settings.for_program(
+        mesh_key.devices, len(mesh_key.sizes), devices_lib.process_count(),
+        graph_def, after_a_failure=dtensor_device.generation() > 0)
     function = tf_internal.flat_caller(
         concrete, [_on_mesh(value, mesh) for value in concrete.captured_inputs])
   return Program(
@@ -508,13 +543,14 @@ def _program(signature, state, size, shapes, top_dim, input_wide, program,
       expanded=dtensor_settings.expands(switches),
       mesh=mesh,
       device_generation=dtensor_device.generation(),
-      may_fail=run_errors.may_fail(graph_def),
+      may_fail=not on_host and run_errors.may_fail(graph_def),
       effects=tuple(result.effects),
       effect_placements=traced.effect_placements,
       effect_shapes=tuple(
           tf.TensorShape(placement.local_shape(tuple(value.shape)))
           for value, placement in zip(_effect_values(result.effects),
-                                      traced.effect_placements)))
+                                      traced.effect_placements)),
+      executor=signature.executor)
 
 
 def _effect_values(records):

@@ -321,6 +321,19 @@ def assemble(value, placement, local_shape, dtype):
   return out
 
 
+def whole_on_host(value):
+  """The DTensor `value`'s whole array (this process's part), as one tensor.
+
+  A value split over the devices is gathered onto each of them first.
+  """
+  with dtensor_device.entry:
+    layout = dtensor.fetch_layout(value)
+    if not layout.is_fully_replicated():
+      value = dtensor.relayout(
+          value, dtensor.Layout.replicated(layout.mesh, layout.rank))
+  return components(value)[0]
+
+
 def replicated(tensor, mesh):
   """An eager tensor copied whole to every device of `mesh`, as a DTensor."""
   with dtensor_device.entry:

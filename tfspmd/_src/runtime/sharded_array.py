@@ -13,6 +13,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.core import multiprocess_hooks
+from tfspmd._src.executors import host as host_executor
 from tfspmd._src.runtime import array_ops
 from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import dtensor_device
@@ -73,6 +74,12 @@ class ShardedArray:
   `addressable_shards` (indices within the part) cover only the blocks of
   this process's devices; `dtensor_value` is the DTensor of the whole array.
 
+  A result of the host executor (`tfspmd.config`'s `tfspmd_executor`) is
+  held as one buffer of its whole shape in host memory, which the logical
+  CPU devices share; its blocks go onto the mesh's devices when first asked
+  for (`dtensor_value`, `addressable_shards`), and NumPy reads the buffer
+  with no copy.
+
   Example:
     >>> import numpy as np, tensorflow as tf, tfspmd
     >>> out = tfspmd.pmap(lambda x: x * 2)(tf.range(8))
@@ -90,7 +97,7 @@ class ShardedArray:
 
   __slots__ = ("_value", "_placement", "_shape", "_dtype", "_host",
                "_whole_on_each_device", "_wide", "_other_form", "_expanded",
-               "__weakref__")
+               "_whole", "_deleted", "__weakref__")
 
   def __init__(self, value: tf.Tensor, placement: placement_lib.Placement,
                shape: Sequence[int] | tf.TensorShape,
@@ -112,6 +119,31 @@ class ShardedArray:
     self._dtype = tf.as_dtype(dtype)
     self._host = None
     self._whole_on_each_device = None
+    # The whole array as one tensor on the host (`on_host`); the DTensor
+    # `_value` is then made from it when first needed.
+    self._whole = None
+    self._deleted = False
+
+  @classmethod
+  def on_host(cls, whole: tf.Tensor, placement: placement_lib.Placement,
+              shape: Sequence[int] | tf.TensorShape,
+              dtype: DTypeLike) -> ShardedArray:
+    """The array `whole`, a host tensor of its whole shape, as laid out by `placement`.
+
+    Its blocks are placed on the mesh's devices when first asked for.
+    """
+    array = cls(None, placement, shape, dtype)
+    array._whole = whole
+    return array
+
+  def _whole_tensor(self) -> tf.Tensor:
+    """The whole array as one tensor on the host (this process's part).
+
+    An array held on the devices is gathered once, and kept.
+    """
+    if self._whole is None:
+      self._whole = tf.convert_to_tensor(self.numpy())
+    return self._whole
 
   @property
   def shape(self) -> tf.TensorShape:
@@ -175,8 +207,7 @@ class ShardedArray:
     (`function_inputs`): plain tensors beside it go whole to its devices,
     and arrays on another mesh are named.
     """
-    if self._value is None:
-      self._check_alive()
+    self._check_alive()
     return function_inputs.traced_as_checked(self._live())
 
   def devices(self) -> tuple[devices_lib.Device, ...]:
@@ -233,23 +264,34 @@ class ShardedArray:
     on every device for every program in flight.
     """
     self._check_alive()
+    if self._value is None:
+      host_executor.get(self._whole)
+      return self
     with multiprocess_hooks.peer_failures():
       placement_lib.components(self._stored())
     return self
 
   def is_deleted(self) -> bool:
     """True once the array was donated to a pmapped function."""
-    return self._value is None
+    return self._deleted
 
   def delete(self) -> None:
     """Frees the device buffers; any later use raises RuntimeError."""
+    self._deleted = True
     self._value = None
+    self._whole = None
     self._host = None
     self._whole_on_each_device = None
     self._other_form = None
 
   def _stored(self):
-    """The DTensor as held, on DTensor's current device (`current`)."""
+    """The DTensor as held, on DTensor's current device (`current`).
+
+    An array held on the host is placed on its mesh's devices first.
+    """
+    if self._value is None:
+      self._value = placement_lib.pack_host_array(
+          host_executor.get(self._whole), self._placement)
     value = dtensor_device.current(self._value)
     if value is not self._value:
       self._value, self._expanded = value, False
@@ -292,7 +334,7 @@ class ShardedArray:
 
   def _check_alive(self):
     """Raises if the array was donated, or is used inside a trace."""
-    if self._value is None:
+    if self._deleted:
       raise RuntimeError(
           f"This ShardedArray (shape {self._shape.as_list()}, {self._dtype.name}) "
           f"has been deleted: it was donated to a pmapped function through "
@@ -311,6 +353,8 @@ class ShardedArray:
   def numpy(self) -> np.ndarray:
     """The array as a NumPy array (this process's part, with several)."""
     self._check_alive()
+    if self._host is None and self._whole is not None:
+      self._host = host_executor.get(self._whole)
     if self._host is None:
       with multiprocess_hooks.peer_failures():
         if self._wide:
@@ -351,7 +395,9 @@ class ShardedArray:
 
   def _global_shape(self):
     """The whole array's shape (over all processes)."""
-    return self._shape if self._wide else self._value.shape
+    if self._wide or self._value is None:
+      return self._shape
+    return self._value.shape
 
   def _whole_on_devices(self):
     """The DTensor of the array whole on each device of its mesh, made once."""
@@ -586,7 +632,7 @@ class ShardedArray:
 
   def __repr__(self):
     """Values and dtype as jax prints an array, then how it lies on devices."""
-    if self._value is None:
+    if self._deleted:
       return f"ShardedArray(<deleted>, shape={self._shape.as_list()})"
     body = np.array2string(self.numpy(), separator=", ", prefix="ShardedArray(")
     return (f"ShardedArray({body}, dtype={self._dtype.name}, "
