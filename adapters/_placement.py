@@ -11,8 +11,8 @@ import numpy as np
 from tensorflow.experimental import dtensor
 
 import tfspmd
+from tfspmd._src.executors import dtensor_device  # pylint: disable=protected-access
 from tfspmd._src.programs import pmap_trace  # pylint: disable=protected-access
-from tfspmd._src.runtime import dtensor_device  # pylint: disable=protected-access
 from tfspmd._src.runtime import mesh as mesh_lib  # pylint: disable=protected-access
 from tfspmd._src.runtime import placement as placement_lib  # pylint: disable=protected-access
 

@@ -26,6 +26,7 @@ Run: python benchmarks/compare.py [--only SECTION ...] [--quick]
 """
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -99,7 +100,9 @@ def dispatch(count, options):
   x = np.zeros((count, 16), np.float32)
   step = tfspmd.pmap(lambda v: v + 1.0)
   state = {"tfspmd": step(x)}
-  layout = state["tfspmd"].layout
+  on_dtensor = timing.on_executor("dtensor", lambda: step(x))
+  state["tfspmd dtensor"] = on_dtensor()
+  layout = state["tfspmd dtensor"].layout
   raw_input = dtensor.pack([tf.zeros((1, 16))] * count, layout)
   raw = tf.function(lambda v: v + 1.0, jit_compile=True)
   jax_step = jax.pmap(lambda v: v + 1.0)
@@ -112,6 +115,10 @@ def dispatch(count, options):
     state["tfspmd"] = step(state["tfspmd"])
     return state["tfspmd"]
 
+  def tfspmd_dtensor_call():
+    state["tfspmd dtensor"] = step(state["tfspmd dtensor"])
+    return state["tfspmd dtensor"]
+
   def jax_call():
     state["jax"] = jax_step(state["jax"])
     return state["jax"]
@@ -122,6 +129,8 @@ def dispatch(count, options):
 
   contenders = {"raw DTensor jit call": _blocking(lambda: raw(raw_input)),
                 "tfspmd.pmap": _blocking(tfspmd_call),
+                "tfspmd.pmap, DTensor executor": _blocking(
+                    timing.on_executor("dtensor", tfspmd_dtensor_call)),
                 "jax.pmap": _blocking(jax_call),
                 "MirroredStrategy.run": _blocking(mirrored_call)}
   summary = timing.summarize(timing.interleaved(
@@ -149,6 +158,8 @@ def roundtrip(count, options):
     return np.stack([t.numpy() for t in strategy.experimental_local_results(out)])
 
   contenders = {"tfspmd.pmap": lambda: np.asarray(ours(x)),
+                "tfspmd.pmap, DTensor executor": timing.on_executor(
+                    "dtensor", lambda: np.asarray(ours(x))),
                 "jax.pmap": lambda: np.asarray(theirs(x)),
                 "MirroredStrategy": mirrored_call}
   for name, call in contenders.items():
@@ -215,9 +226,13 @@ def bandwidth(count, options):
       x = np.ones((count, nbytes // 4), np.float32)
       ours = tfspmd.pmap(ours_fn, AXIS)
       placed = tfspmd.pmap(lambda v: v, AXIS)(x)
+      placed_dtensor = timing.on_executor(
+          "dtensor", lambda: tfspmd.pmap(lambda v: v, AXIS)(x))()
       theirs = jax.pmap(jax_fn, AXIS)
       jax_placed = jax.pmap(lambda v: v, AXIS)(x)
       contenders = {"tfspmd": _blocking(lambda: ours(placed)),
+                    "tfspmd dtensor": _blocking(timing.on_executor(
+                        "dtensor", lambda: ours(placed_dtensor))),
                     "jax": _blocking(lambda: theirs(jax_placed))}
       calls = max(1, min(options.calls, options.calls * (1 << 20) // nbytes))
       summary = timing.summarize(timing.interleaved(
@@ -233,13 +248,16 @@ def bandwidth(count, options):
       jax_bw = results[name][label]["jax"]["busbw_gbps"]
       rows.append(dict(collective=name, size=label,
                        tfspmd_us=summary["tfspmd"]["median_us"],
+                       dtensor_executor_us=summary["tfspmd dtensor"][
+                           "median_us"],
                        jax_us=summary["jax"]["median_us"],
                        tfspmd_busbw_GBps=ours_bw, jax_busbw_GBps=jax_bw,
                        tfspmd_over_jax=ours_bw / jax_bw,
                        tfspmd_over_memcpy=ours_bw / memcpy))
   timing.print_table(
       f"Collective bus bandwidth, {count} devices (memcpy {memcpy:.1f} GB/s)",
-      rows, ["collective", "size", "tfspmd_us", "jax_us", "tfspmd_busbw_GBps",
+      rows, ["collective", "size", "tfspmd_us", "dtensor_executor_us",
+             "jax_us", "tfspmd_busbw_GBps",
              "jax_busbw_GBps", "tfspmd_over_jax", "tfspmd_over_memcpy"])
   timing.write_results("compare_bandwidth", dict(
       machine=timing.machine(), memcpy_gbps=memcpy, results=results,
@@ -368,6 +386,11 @@ def _training_contenders(count, model, k, devices=None):
                       devices=None if devices is None else devices[:count])
   contenders[f"tfspmd K={k}"], warmup["tfspmd"] = _carried(
       ours, init(), place(x), place(y))
+  if devices is None:
+    on_dtensor = functools.partial(timing.on_executor, "dtensor")
+    contenders[f"tfspmd DTensor executor K={k}"], warmup["tfspmd dtensor"] = (
+        _carried(lambda *a: on_dtensor(lambda: ours(*a))(), init(),
+                 on_dtensor(lambda: place(x))(), on_dtensor(lambda: place(y))()))
 
   jax_devices = jax.local_devices()[:count]
   theirs = jax.pmap(_jax_steps(_jax_step(jax_logits)), AXIS,

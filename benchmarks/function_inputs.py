@@ -36,7 +36,7 @@ from tensorflow.experimental import dtensor  # pylint: disable=wrong-import-posi
 
 import tfspmd  # pylint: disable=wrong-import-position
 from tfspmd._src.core import tf_internal  # pylint: disable=wrong-import-position
-from tfspmd._src.runtime import dtensor_device  # pylint: disable=wrong-import-position
+from tfspmd._src.executors import dtensor_device  # pylint: disable=wrong-import-position
 from tfspmd._src.runtime import function_inputs  # pylint: disable=wrong-import-position
 
 from benchmarks import timing  # pylint: disable=wrong-import-position

@@ -26,7 +26,7 @@ from benchmarks import timing  # pylint: disable=wrong-import-position
 from benchmarks.steps_per_call import init_params  # pylint: disable=wrong-import-position
 from benchmarks.steps_per_call import placed_batches  # pylint: disable=wrong-import-position
 from benchmarks.steps_per_call import train_step  # pylint: disable=wrong-import-position
-from tfspmd._src.core import dtensor_settings  # pylint: disable=wrong-import-position
+from tfspmd._src.executors import dtensor_settings  # pylint: disable=wrong-import-position
 
 STEPS_PER_CALL = (10, 100)
 

@@ -33,7 +33,7 @@ import tensorflow as tf  # pylint: disable=wrong-import-position
 import tfspmd  # pylint: disable=wrong-import-position
 from benchmarks import timing  # pylint: disable=wrong-import-position
 from tfspmd import lax  # pylint: disable=wrong-import-position
-from tfspmd._src.core import tf_internal  # pylint: disable=wrong-import-position
+from tfspmd._src.executors import dtensor_calls  # pylint: disable=wrong-import-position
 
 DEVICES = 8
 
@@ -50,13 +50,13 @@ def resident_mib():
 def count_renamings():
   """A counter of the programs lowered again under a new name."""
   count = [0]
-  renamed = tf_internal._renamed  # pylint: disable=protected-access
+  renamed = dtensor_calls.renamed
 
   def counting(*args):
     count[0] += 1
     return renamed(*args)
 
-  tf_internal._renamed = counting  # pylint: disable=protected-access
+  dtensor_calls.renamed = counting
   return count
 
 

@@ -106,3 +106,21 @@ def write_results(name, payload):
     json.dump(payload, f, indent=2, sort_keys=True)
     f.write("\n")
   return path
+
+
+def on_executor(executor, function):
+  """`function`, each call of it run under tfspmd's executor `executor`.
+
+  tfspmd keys its programs on `tfspmd_executor`, so one process times the
+  host executor and DTensor's side by side, each with its own programs.
+  """
+  import tfspmd  # pylint: disable=import-outside-toplevel
+
+  def call():
+    before = tfspmd.config.tfspmd_executor
+    tfspmd.config.update("tfspmd_executor", executor)
+    try:
+      return function()
+    finally:
+      tfspmd.config.update("tfspmd_executor", before)
+  return call

@@ -134,9 +134,15 @@ def config_attribute_unknown():
       r"turn it off, remove it: del os\.environ\["
       r"'LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2'\]")
 def dtensor_gather_switch_off():
-  with mock.patch.dict(
-      os.environ, {"LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2": "0"}):
-    raise_warning(lambda: P(lambda x: x * 2)(np.zeros(8)))
+  # A switch of DTensor's executor, which warns when it runs a program.
+  before = tfspmd.config.tfspmd_executor
+  tfspmd.config.update("tfspmd_executor", "dtensor")
+  try:
+    with mock.patch.dict(
+        os.environ, {"LOWER_DTENSOR_GATHER_TO_COLLECTIVE_GATHER_V2": "0"}):
+      raise_warning(lambda: P(lambda x: x * 2)(np.zeros(8)))
+  finally:
+    tfspmd.config.update("tfspmd_executor", before)
 
 
 @case("variable-assign-debug", STATE,

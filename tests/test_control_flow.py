@@ -405,8 +405,9 @@ def test_gradient_through_a_loop_per_device_matches_debug_mode():
       loss = tf.reduce_sum(y * y)
     return tape.gradient(loss, v)
 
+  # Debug mode runs TensorFlow's kernels; XLA's sin differs in the last bits.
   np.testing.assert_allclose(run(grad, x), run(grad, x, debug=True),
-                             rtol=1e-5)
+                             rtol=1e-4)
 
 
 @pytest.mark.parametrize("how", ["tape", "tf.gradients"])

@@ -95,7 +95,7 @@ def _check(lines):
 
 
 def test_a_name_taken_is_left_for_a_new_one():
-  lines = run_python(_PROGRAM.format(taken=1)).stdout.splitlines()
+  lines = run_python(_PROGRAM.format(taken=1), TFSPMD_EXECUTOR="dtensor").stdout.splitlines()
   _check(lines)
   assert not [line for line in lines if line.startswith("ERROR")]
   # The program's loop came back under the next name DTensor handed out.
@@ -103,7 +103,7 @@ def test_a_name_taken_is_left_for_a_new_one():
 
 
 def test_names_taken_at_every_try_raise_one_error_and_the_next_call_runs():
-  lines = run_python(_PROGRAM.format(taken=9)).stdout.splitlines()
+  lines = run_python(_PROGRAM.format(taken=9), TFSPMD_EXECUTOR="dtensor").stdout.splitlines()
   _check(lines)
   errors = [line for line in lines if line.startswith("ERROR")]
   assert errors == [
@@ -128,17 +128,17 @@ import pytest
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 import tfspmd
-from tfspmd._src.core import heap_blocks, tf_internal
+from tfspmd._src.executors import dtensor_calls, heap_blocks
 
 if {release_blocks}:
   heap_blocks.freed_blocks_held = contextlib.nullcontext
 taken = [0]
-name_taken = tf_internal.name_taken
+name_taken = dtensor_calls.name_taken
 def counting(error):
   met = name_taken(error)
   taken[0] += met
   return met
-tf_internal.name_taken = counting
+dtensor_calls.name_taken = counting
 
 mesh = dtensor.create_mesh([("i", 8)], device_type="CPU")
 x = dtensor.call_with_layout(
@@ -152,7 +152,7 @@ for k in range({programs}):
     trips = tf.cast(tf.reduce_sum(x) > 0, tf.int32) + k % 3
     return tf.while_loop(lambda i, v: i < trips, body, (0, x))[1]
   concrete = program.get_concrete_function(x)
-  call = tf_internal.flat_caller(concrete, concrete.captured_inputs)
+  call = dtensor_calls.flat_caller(concrete, concrete.captured_inputs)
   try:
     with dtensor.default_mesh(mesh):
       got = np.concatenate([t.numpy() for t in dtensor.unpack(call(x))])
@@ -176,6 +176,8 @@ def _plain_programs(allocator, release_blocks=False, programs=60):
   env = {}
   if _ALLOCATORS[allocator]:
     env["LD_PRELOAD"] = _ALLOCATORS[allocator]
+  # DTensor names the functions of the programs its executor lowers.
+  env["TFSPMD_EXECUTOR"] = "dtensor"
   run = run_python(_PLAIN_PROGRAMS.format(release_blocks=release_blocks,
                                           programs=programs),
                    timeout=300, **env)

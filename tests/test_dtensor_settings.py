@@ -14,7 +14,10 @@ import tensorflow as tf
 
 import tfspmd
 from tfspmd import lax
-from tfspmd._src.core import dtensor_settings
+from tfspmd._src.executors import dtensor_settings
+
+# The switches DTensor's executor sets for a program it runs.
+pytestmark = pytest.mark.usefixtures("dtensor_executor")
 
 MULTI = dtensor_settings.MULTI_DEVICE_EXPANSION
 GATHER = dtensor_settings.COLLECTIVE_GATHER

@@ -121,7 +121,8 @@ def test_a_layer_folder_holds_only_its_docstring(layer):
 def test_the_layers_are_ordered_as_documented():
   by_rank = sorted({rank_layer for rank_layer in LAYERS.values()})
   assert [layer for _, layer in by_rank] == [
-      "core", "trees", "runtime", "rewrites", "collectives", "arguments",
+      "core", "trees", "executors", "runtime", "rewrites", "collectives",
+      "arguments",
       "programs", "multiprocess", "public API"]
 
 

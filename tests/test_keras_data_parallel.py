@@ -146,9 +146,10 @@ def test_a_model_that_is_not_compiled_predicts():
   x, _ = data(rows=20)
   reference = mlp(compile_now=False)
   model = data_parallel(mlp(compile_now=False))
+  # XLA's kernels round other than TensorFlow's in the last bits.
   np.testing.assert_allclose(model.predict(x, batch_size=8, verbose=0),
                              reference.predict(x, batch_size=8, verbose=0),
-                             rtol=1e-6)
+                             rtol=1e-5)
 
 
 class Batches(keras.utils.PyDataset):

@@ -1,7 +1,9 @@
 """Per-device randomness: stateless random ops with a seed per device.
 
-The reference is the same TensorFlow op run eagerly with each device's
-seed, one device at a time.
+The reference is the same TensorFlow op run with each device's seed, one
+device at a time: eagerly where DTensor's executor runs the programs, and
+compiled by XLA where the host executor does (XLA draws other numbers for
+the same seed, as `tf.function(jit_compile=True)` does).
 """
 
 import numpy as np
@@ -11,18 +13,21 @@ import tensorflow as tf
 import tfspmd
 from tfspmd import lax
 
+from executors import as_the_program_runs
+
 N = 8
 KEYS = np.stack([np.array([k, 11], np.int32) for k in range(N)])
 SEED = np.array([3, 4], np.int32)
 
 
 def eager_per_device(draw, seeds):
+  draw = as_the_program_runs(draw)
   return np.stack([draw(tf.constant(seed)).numpy() for seed in seeds])
 
 
 def folded_seeds():
-  return [tf.random.experimental.stateless_fold_in(SEED, k).numpy()
-          for k in range(N)]
+  fold_in = as_the_program_runs(tf.random.experimental.stateless_fold_in)
+  return [fold_in(SEED, k).numpy() for k in range(N)]
 
 
 DRAWS = {
@@ -74,7 +79,9 @@ def test_per_device_dropout_keeps_the_scale():
   assert set(np.unique(out)) <= {0., 2.}
 
 
-def test_debug_mode_draws_the_same_numbers():
+def test_debug_mode_draws_the_same_numbers(dtensor_executor):
+  # Debug mode runs TensorFlow's kernels, as DTensor's executor does on CPU.
+  del dtensor_executor  # unused
   draw = DRAWS["uniform"]
   compiled = np.asarray(tfspmd.pmap(draw, "i")(KEYS))
   debugged = np.asarray(tfspmd.pmap(draw, "i", debug=True)(KEYS))
@@ -89,9 +96,9 @@ def test_random_in_a_loop_with_a_per_device_key():
       return k + 1, position + lax.pmean(noise, "i")
     return tf.while_loop(lambda k, _: k < 3, step, (0, tf.zeros(2)))[1]
 
-  noise = np.stack([[tf.random.stateless_normal(
-      [2], seed=tf.random.experimental.stateless_fold_in(key, t)).numpy()
-                     for t in range(3)] for key in KEYS])
+  draw = as_the_program_runs(lambda key, t: tf.random.stateless_normal(
+      [2], seed=tf.random.experimental.stateless_fold_in(key, t)))
+  noise = np.stack([[draw(key, t).numpy() for t in range(3)] for key in KEYS])
   expected = np.broadcast_to(noise.mean(0).sum(0), (N, 2))
   np.testing.assert_allclose(tfspmd.pmap(walk, "i")(KEYS), expected,
                              rtol=1e-5, atol=1e-6)

@@ -39,7 +39,8 @@ for _ in range(2):
 
 def _run_source(source):
   """The lines `source` prints, run in a process of its own."""
-  return run_python(source).stdout.splitlines()
+  # What a failure does to DTensor's device, in a process on its executor.
+  return run_python(source, TFSPMD_EXECUTOR="dtensor").stdout.splitlines()
 
 
 def _run(**flags):
@@ -82,7 +83,7 @@ import pytest
 import tensorflow as tf
 import tfspmd
 from tfspmd import lax
-from tfspmd._src.core import dtensor_settings
+from tfspmd._src.executors import dtensor_settings
 
 if {per_device_functions}:
   # As DTensor runs programs on GPUs and over several processes: one
@@ -138,7 +139,7 @@ _FAILS_WHERE_READ = """
 import numpy as np
 import tensorflow as tf
 import tfspmd
-from tfspmd._src.core import run_errors
+from tfspmd._src.executors import run_errors
 
 # As a program whose ops cannot fail on their shapes: not waited for at
 # its call, so its failure comes where its result is read.

@@ -113,7 +113,8 @@ def pick(v):
   return tf.cond(i < 6, lambda: tf.gather(v, i), lambda: tf.constant(-1.))
 
 try:
-  np.asarray(tfspmd.pmap(pick, "i")(np.zeros((8, 4), np.float32)))
+  out = tfspmd.pmap(pick, "i")(np.arange(32, dtype=np.float32).reshape(8, 4))
+  print("VALUES", np.asarray(out).tolist())
 except tf.errors.InvalidArgumentError as e:
   print("ERROR", " ".join(str(e).split()))
 """
@@ -122,10 +123,22 @@ except tf.errors.InvalidArgumentError as e:
 def test_the_taken_branch_still_fails_where_the_device_fails():
   # Devices 4 and 5 take the branch with an index past the 4 rows. In a
   # process of its own: after a program fails, later ones in the same
-  # process run differently.
-  lines = run_python(_TAKEN_BRANCH_FAILS).stdout.splitlines()
+  # process run differently. TensorFlow's kernels, which DTensor's executor
+  # runs on CPU, refuse the index.
+  lines = run_python(_TAKEN_BRANCH_FAILS,
+                     TFSPMD_EXECUTOR="dtensor").stdout.splitlines()
   assert len(lines) == 1 and lines[0].startswith("ERROR"), lines
   assert re.search(r"indices\[0\] = [45] is not in \[0, 4\)", lines[0]), lines
+
+
+def test_the_taken_branch_clamps_its_index_as_jax_does_on_the_host():
+  # XLA, which compiles the host executor's program, clamps a gather's index
+  # into the array, as jax.pmap's gathers do: devices 4 and 5 read row 3.
+  lines = run_python(_TAKEN_BRANCH_FAILS,
+                     TFSPMD_EXECUTOR="host").stdout.splitlines()
+  rows = np.arange(32, dtype=np.float32).reshape(8, 4)
+  expected = [float(rows[d, min(d, 3)]) if d < 6 else -1. for d in range(8)]
+  assert lines == [f"VALUES {expected}"], lines
 
 
 def test_switch_case_gathers_only_in_the_branch_taken():

@@ -19,8 +19,8 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.arguments import arguments
+from tfspmd._src.executors import dtensor_device
 from tfspmd._src.runtime import device_meshes
-from tfspmd._src.runtime import dtensor_device
 from tfspmd._src.runtime import placement as placement_lib
 from tfspmd._src.runtime.named_sharding import NamedSharding
 from tfspmd._src.runtime.named_sharding import placement_of

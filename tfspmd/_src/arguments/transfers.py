@@ -18,14 +18,14 @@ from tensorflow.experimental import dtensor
 
 from tfspmd._src.arguments import arguments
 from tfspmd._src.core import multiprocess_hooks
+from tfspmd._src.executors import dtensor_device
 from tfspmd._src.runtime import devices as devices_lib
-from tfspmd._src.runtime import dtensor_device
 from tfspmd._src.runtime import mesh as mesh_lib
 from tfspmd._src.runtime import named_mesh
 from tfspmd._src.runtime import placement as placement_lib
 from tfspmd._src.runtime.named_sharding import NamedSharding
-from tfspmd._src.runtime.named_sharding import placement_of
 from tfspmd._src.runtime.named_sharding import SingleDeviceSharding
+from tfspmd._src.runtime.named_sharding import placement_of
 from tfspmd._src.runtime.sharded_array import ShardedArray
 from tfspmd._src.trees import tree
 

@@ -25,8 +25,8 @@ import math
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from tfspmd._src.core import dtensor_settings
 from tfspmd._src.core import stacking
+from tfspmd._src.executors import dtensor_settings
 from tfspmd._src.runtime import axis_env
 
 _ALL_TO_ALL_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64,

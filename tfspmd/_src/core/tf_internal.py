@@ -16,7 +16,6 @@ import threading
 
 import tensorflow as tf
 
-from tfspmd._src.core import heap_blocks
 from tfspmd._src.core import op_types
 
 SUPPORTED_TF_VERSIONS = ("2.21",)
@@ -431,72 +430,43 @@ def check_peer_alive(task, timeout_s):
       task, int(timeout_s * 1000))
 
 
-def flat_caller(concrete_function, captured):
-  """A fast way to call a ConcreteFunction with its inputs as a flat list.
+def options_without_grappler():
+  """This thread's function call options, with grappler turned off.
 
-  `ConcreteFunction.__call__` re-binds its arguments against the Python
-  signature on every call; the pmap's cache key already guarantees they fit.
-  `captured` stands for the function's captured inputs, in their order.
-
-  The function runs without grappler, TensorFlow's graph optimizer: DTensor
-  expands a program into one copy of each op per device, and grappler's
-  passes over that copy dominated a program's first call and the call that
-  expands it again for inputs from another program (the README's
-  performance notes have a conv-net step's times), while its steady calls
-  took the same time with or without them. The
-  options are otherwise those TensorFlow passes to every function call when
-  the caller is made.
-
-  DTensor may give a function it makes of a loop or a branch a name that an
-  earlier program's function already has (`name_taken`): such a call is
-  made again through a function of a new name, which DTensor lowers anew.
+  grappler is TensorFlow's graph optimizer; the options are otherwise those
+  TensorFlow passes to every function call.
   """
-  eager = _context.context()
-  options = _without_grappler(eager.function_call_options)
-  # `(call_flat, captured)` of the function called, None until renamed after
-  # DTensor met a name already taken.
-  target = [(concrete_function._call_flat, captured)]  # pylint: disable=protected-access
-
-  def call(*tensors):
-    local = eager._thread_local_data  # pylint: disable=protected-access
-    saved = local.function_call_options
-    local.function_call_options = options
-    try:
-      for attempt in range(RELOWERINGS + 1):
-        if target[0] is None:
-          target[0] = _renamed(concrete_function, captured)
-        call_flat, inputs = target[0]
-        try:
-          with heap_blocks.freed_blocks_held() if attempt else _NOTHING_HELD:
-            return call_flat(list(tensors), inputs)
-        except _errors_impl.InvalidArgumentError as e:
-          if not name_taken(e):
-            raise
-          # DTensor keeps what it made of a function that failed to lower:
-          # the next try, now or at a later call, goes through a new one.
-          target[0] = None
-          if attempt == RELOWERINGS:
-            raise
-    finally:
-      local.function_call_options = saved
-
-  return call
+  return _without_grappler(_context.context().function_call_options)
 
 
-# DTensor (TF 2.21) names the functions it outlines from a program's loops
-# and branches (`while5_body`) after their ops, with a counter it shares
-# with every program it lowered before, and remembers each name by the
-# address of the op it gave it to: an op made later where a named one was
-# freed gets that old name. The function goes into the process's one
-# function library, which refuses a second function of that name. A
-# program lowered again, its ops kept off the freed addresses
-# (`heap_blocks`), gets new names: glibc's allocator hands out the
-# address just freed, so without the blocks held the retry meets the same
-# name again.
-_NAME_TAKEN = re.compile(r"Cannot add function '[^']*' because a different "
-                         r"function with the same name already exists")
-RELOWERINGS = 7
-_NOTHING_HELD = contextlib.nullcontext()
+class CallOptions:
+  """Within it, this thread's function calls run under `options`.
+
+  Args:
+    options: From `options_without_grappler`.
+  """
+
+  __slots__ = ("_options", "_saved", "_local")
+
+  def __init__(self, options):
+    self._options = options
+    self._saved = None
+    self._local = None
+
+  def __enter__(self):
+    self._local = _context.context()._thread_local_data  # pylint: disable=protected-access
+    self._saved = self._local.function_call_options
+    self._local.function_call_options = self._options
+    return self
+
+  def __exit__(self, *exc):
+    self._local.function_call_options = self._saved
+    return False
+
+
+def flat_call(concrete_function):
+  """`ConcreteFunction._call_flat`: calls it on `(tensors, captured)`."""
+  return concrete_function._call_flat  # pylint: disable=protected-access
 
 
 def plain_caller(concrete_function):
@@ -535,26 +505,6 @@ def xla_refused(error):
   refused ran nothing.
   """
   return bool(_XLA_REFUSED.search(str(error)))
-
-
-def name_taken(error):
-  """Whether `error` says DTensor made a function of a name already taken."""
-  return bool(_NAME_TAKEN.search(str(error)))
-
-
-def _renamed(concrete_function, captured):
-  """`(call_flat, captured)` of a new function that calls `concrete_function`.
-
-  DTensor lowers a function once per name and input signature; one of a new
-  name is lowered from the start, its loops given names not yet handed out.
-  """
-  arguments = concrete_function.inputs[:len(concrete_function.inputs) -
-                                       len(captured)]
-  specs = [tf.TensorSpec(t.shape, t.dtype) for t in arguments]
-  calling = tf.function(
-      lambda *tensors: concrete_function._call_flat(list(tensors), captured),  # pylint: disable=protected-access
-      jit_compile=True, autograph=False).get_concrete_function(*specs)
-  return calling._call_flat, calling.captured_inputs  # pylint: disable=protected-access
 
 
 def _without_grappler(options):

@@ -34,11 +34,12 @@ from tfspmd._src.arguments import transfers
 from tfspmd._src.core import lru
 from tfspmd._src.core import tf_internal
 from tfspmd._src.core import trace_context
+from tfspmd._src.executors import dtensor_calls
+from tfspmd._src.executors import dtensor_device
+from tfspmd._src.executors import small_values
 from tfspmd._src.runtime import devices as devices_lib
-from tfspmd._src.runtime import dtensor_device
 from tfspmd._src.runtime import mesh_context
 from tfspmd._src.runtime import placement as placement_lib
-from tfspmd._src.runtime import small_values
 from tfspmd._src.runtime.named_mesh import Mesh
 from tfspmd._src.runtime.named_mesh import PartitionSpec
 from tfspmd._src.runtime.named_mesh import make_mesh
@@ -324,7 +325,7 @@ class JittedFunction:
                            tuple(value.dtensor_value.shape), value.dtype)
              for value, is_wide in zip(placed, wide)]
     concrete = function.get_concrete_function(*specs)
-    program.call = tf_internal.flat_caller(concrete, concrete.captured_inputs)
+    program.call = dtensor_calls.flat_caller(concrete, concrete.captured_inputs)
     return program
 
 

@@ -15,19 +15,19 @@ from tensorflow.experimental import dtensor
 from tfspmd._src.arguments import arguments
 from tfspmd._src.arguments import pmap_donation
 from tfspmd._src.core import compile_log
-from tfspmd._src.core import dtensor_errors
-from tfspmd._src.core import dtensor_settings
 from tfspmd._src.core import multiprocess_hooks
-from tfspmd._src.core import run_errors
 from tfspmd._src.core.config import config
+from tfspmd._src.executors import dtensor_device
+from tfspmd._src.executors import dtensor_errors
+from tfspmd._src.executors import dtensor_settings
+from tfspmd._src.executors import expanded_inputs
 from tfspmd._src.executors import host as host_executor
+from tfspmd._src.executors import run_errors
 from tfspmd._src.executors import selection
+from tfspmd._src.executors import small_values
 from tfspmd._src.programs import pmap_trace
 from tfspmd._src.rewrites import side_effects
-from tfspmd._src.runtime import dtensor_device
-from tfspmd._src.runtime import expanded_inputs
 from tfspmd._src.runtime import placement as placement_lib
-from tfspmd._src.runtime import small_values
 from tfspmd._src.runtime.sharded_array import ShardedArray
 from tfspmd._src.trees import tree
 

@@ -16,14 +16,17 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.core import compile_log
-from tfspmd._src.core import dtensor_settings
 from tfspmd._src.core import merged_dims
 from tfspmd._src.core import multiprocess_hooks
-from tfspmd._src.core import run_errors
 from tfspmd._src.core import tf_internal
 from tfspmd._src.core.config import config
+from tfspmd._src.executors import dtensor_calls
+from tfspmd._src.executors import dtensor_device
+from tfspmd._src.executors import dtensor_settings
 from tfspmd._src.executors import host as host_executor
+from tfspmd._src.executors import run_errors
 from tfspmd._src.executors import selection
+from tfspmd._src.executors import small_values
 from tfspmd._src.programs import pmap_nested
 from tfspmd._src.programs import steps as steps_lib
 from tfspmd._src.programs import vectorize
@@ -33,10 +36,8 @@ from tfspmd._src.rewrites import rank_limits
 from tfspmd._src.rewrites import replicated_ops
 from tfspmd._src.runtime import axis_env
 from tfspmd._src.runtime import devices as devices_lib
-from tfspmd._src.runtime import dtensor_device
 from tfspmd._src.runtime import mesh as mesh_lib
 from tfspmd._src.runtime import placement as placement_lib
-from tfspmd._src.runtime import small_values
 from tfspmd._src.trees import tree
 
 _do_not_convert = tf.autograph.experimental.do_not_convert
@@ -480,6 +481,7 @@ def _laid_out_effects(signature, result, top_dim, traced):
 def _check_program(options, concrete, open_sizes, mesh_key, specs):
   """Raises, before the program runs, for what DTensor would run wrong."""
   new_axis.check_program(concrete.outputs, options.axis_name)
+  _check_no_stateful_random(concrete.graph, options.axis_name)
   if not open_sizes:
     _check_no_data_dependent_shapes(concrete.graph, options.axis_name)
   _check_kernel_ranks(concrete.graph, options.axis_name, mesh_key)
@@ -516,7 +518,7 @@ def _program(signature, state, size, shapes, top_dim, input_wide, program,
     switches = dtensor_settings.for_program(
         mesh_key.devices, len(mesh_key.sizes), devices_lib.process_count(),
         graph_def, after_a_failure=dtensor_device.generation() > 0)
-    function = tf_internal.flat_caller(
+    function = dtensor_calls.flat_caller(
         concrete, [_on_mesh(value, mesh) for value in concrete.captured_inputs])
   return Program(
       function=function,
@@ -633,6 +635,34 @@ def _check_no_data_dependent_shapes(graph, axis_name):
         f"shapes, as under jax.pmap: keep the full size and mask instead "
         f"(tf.where(condition, x, 0), a weight of 0, a one-hot sum), or pad "
         f"to a fixed size.")
+
+
+# TensorFlow's random ops that draw from a hidden state of the process.
+_STATEFUL_RANDOM = frozenset((
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal",
+    "TruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
+    "RandomGammaV2", "RandomPoisson", "RandomPoissonV2",
+    "ParameterizedTruncatedNormal"))
+
+
+def _check_no_stateful_random(graph, axis_name):
+  """Raises for a stateful random op (`tf.random.uniform`), whichever executor.
+
+  Its draws come from a hidden state of the process, not from the program's
+  inputs: no executor can make them agree with a device's own run, and
+  DTensor refuses them (TF 2.21).
+  """
+  found = control_flow.find_operation(
+      graph.get_operations(), lambda op: op.type in _STATEFUL_RANDOM)
+  if found is not None:
+    raise ValueError(
+        f"the function mapped over axis {axis_name!r} uses the op "
+        f"{found.type}, a stateful random op ({tf_internal.user_op_name(found)}"
+        f"), whose draws come from a hidden state of the process that a "
+        f"mapped program does not carry, as jax.pmap has no such op. Use the "
+        f"stateless random ops (tf.random.stateless_uniform, ...) with a seed "
+        f"passed as an argument; for a different stream on each device, fold "
+        f"in lax.axis_index (tf.random.experimental.stateless_fold_in).")
 
 
 def _check_kernel_ranks(graph, axis_name, mesh_key):

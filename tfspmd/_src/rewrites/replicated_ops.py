@@ -14,8 +14,8 @@ for the process, so tfspmd names every op type of a program before the
 program first runs. An op type that has an expander never reads it.
 """
 
-from tfspmd._src.core import dtensor_settings
 from tfspmd._src.core import route_log
+from tfspmd._src.executors import dtensor_settings
 
 _PREFIX = "DTENSOR_ENABLE_REPLICATED_SPMD_AS_DEFAULT_TF."
 

@@ -24,8 +24,8 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.core import tf_internal
+from tfspmd._src.executors import small_values
 from tfspmd._src.runtime import placement as placement_lib
-from tfspmd._src.runtime import small_values
 
 
 @dataclasses.dataclass

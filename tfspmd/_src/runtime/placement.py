@@ -18,10 +18,10 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from tfspmd._src.core import run_errors
 from tfspmd._src.core import tf_internal
+from tfspmd._src.executors import dtensor_device
+from tfspmd._src.executors import run_errors
 from tfspmd._src.runtime import devices as devices_lib
-from tfspmd._src.runtime import dtensor_device
 from tfspmd._src.runtime import mesh as mesh_lib
 
 if TYPE_CHECKING:

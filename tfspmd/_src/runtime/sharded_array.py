@@ -13,14 +13,14 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.core import multiprocess_hooks
+from tfspmd._src.executors import dtensor_device
 from tfspmd._src.executors import host as host_executor
+from tfspmd._src.executors import small_values
 from tfspmd._src.runtime import array_ops
 from tfspmd._src.runtime import devices as devices_lib
-from tfspmd._src.runtime import dtensor_device
 from tfspmd._src.runtime import function_inputs
 from tfspmd._src.runtime import named_sharding
 from tfspmd._src.runtime import placement as placement_lib
-from tfspmd._src.runtime import small_values
 
 # What `tf.as_dtype` accepts: tf.float32, np.float32, np.dtype, 'float32'.
 DTypeLike: TypeAlias = tf.DType | np.dtype | type | str
@@ -207,7 +207,8 @@ class ShardedArray:
     (`function_inputs`): plain tensors beside it go whole to its devices,
     and arrays on another mesh are named.
     """
-    self._check_alive()
+    if self._deleted:
+      self._check_alive()
     return function_inputs.traced_as_checked(self._live())
 
   def devices(self) -> tuple[devices_lib.Device, ...]:
@@ -290,8 +291,10 @@ class ShardedArray:
     An array held on the host is placed on its mesh's devices first.
     """
     if self._value is None:
-      self._value = placement_lib.pack_host_array(
-          host_executor.get(self._whole), self._placement)
+      # Placed eagerly, also where a function that closes over it traces.
+      with tf.init_scope():
+        self._value = placement_lib.pack_host_array(
+            host_executor.get(self._whole), self._placement)
     value = dtensor_device.current(self._value)
     if value is not self._value:
       self._value, self._expanded = value, False

@@ -25,10 +25,11 @@ import collections
 
 import tensorflow as tf
 
-from tfspmd._src.core import dtensor_settings
 from tfspmd._src.core import lru
 from tfspmd._src.core import tf_internal
-from tfspmd._src.runtime import dtensor_device
+from tfspmd._src.executors import dtensor_calls
+from tfspmd._src.executors import dtensor_device
+from tfspmd._src.executors import dtensor_settings
 
 _EXPANSION = (dtensor_settings.MULTI_DEVICE_EXPANSION,)
 # The identity functions, by their inputs' (shape, dtype)s.
@@ -72,7 +73,7 @@ def _identity(values):
   if caller is None:
     function = tf.function(lambda *tensors: [tf.identity(t) for t in tensors],
                            autograph=False)
-    caller = tf_internal.flat_caller(function.get_concrete_function(
+    caller = dtensor_calls.flat_caller(function.get_concrete_function(
         *[tf.TensorSpec(shape, dtype) for shape, dtype in key]), [])
     _identities.put(key, caller)
   return caller

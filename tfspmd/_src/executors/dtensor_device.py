@@ -43,8 +43,8 @@ import threading
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from tfspmd._src.core import dtensor_settings
 from tfspmd._src.core import tf_internal
+from tfspmd._src.executors import dtensor_settings
 
 _lock = threading.Lock()
 # Held by every call into DTensor's device; the C environment's lock too.

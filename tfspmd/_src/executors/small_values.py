@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from tfspmd._src.runtime import dtensor_device
+from tfspmd._src.executors import dtensor_device
 
 # DTensor folds replicated inputs of fewer elements (kSmallTensorThreshold).
 WIDTH = 20

@@ -12,6 +12,7 @@ import re
 import tensorflow as tf
 
 from tfspmd._src.core import tf_internal
+from tfspmd._src.executors import dtensor_calls
 
 _DIAGNOSTIC = re.compile(r"error: 'tf\.(\w+)' op ([^\n\[]*)")
 
@@ -60,7 +61,7 @@ def _names_taken(error, axis_name):
   name = re.search(r"Cannot add function '([^']*)'", error.message).group(1)
   return RuntimeError(
       f"DTensor (TF {tf.__version__}) could not lower the function mapped "
-      f"over axis {axis_name!r}: {tf_internal.RELOWERINGS + 1} times in a "
+      f"over axis {axis_name!r}: {dtensor_calls.RELOWERINGS + 1} times in a "
       f"row, a name it gave a function it made of the program's loops or "
       f"branches (last {name!r}) was already taken by an earlier program's "
       f"function. Nothing ran and arrays computed before stay valid; calling "
@@ -74,7 +75,7 @@ def explain(error, axis_name):
     error: A `tf.errors.OpError` raised by the first run of a program.
     axis_name: The pmap's axis name, for the message.
   """
-  if tf_internal.name_taken(error):
+  if dtensor_calls.name_taken(error):
     return _names_taken(error, axis_name)
   match = _DIAGNOSTIC.search(error.message)
   if match is None:
