@@ -254,7 +254,7 @@ def python_for_over_a_tensor():
 
 
 @case("stateful-random", OPS, "tf.random.uniform inside", ValueError,
-      r"uses the op RandomUniform, a stateful random op, .*Use the stateless "
+      r"uses the op RandomUniform, a stateful random op .*Use the stateless "
       r"random ops")
 def stateful_random():
   P(lambda x: x + tf.random.uniform([3]), "i")(np.zeros((2, 3), np.float32))

@@ -637,6 +637,8 @@ def _write_doc(outcomes):
       "# Ops inside a mapped function",
       "",
       "Each op below ran inside `tfspmd.pmap` on 8 logical CPU devices, on "
+      "DTensor's executor (`tfspmd_executor='dtensor'`: the routes below are "
+      "those DTensor's SPMD expansion takes, as on accelerators), on "
       "per-device data, and its result was compared with the op run eagerly "
       "on each device's slice; where it is differentiable by its first "
       "input, so was the gradient of a weighted sum of its outputs "
@@ -695,7 +697,12 @@ def _write_doc(outcomes):
 
 @pytest.fixture(scope="module")
 def outcomes():
-  return {name: outcome(name) for name in OPS}
+  before = tfspmd.config.tfspmd_executor
+  tfspmd.config.update("tfspmd_executor", "dtensor")
+  try:
+    return {name: outcome(name) for name in OPS}
+  finally:
+    tfspmd.config.update("tfspmd_executor", before)
 
 
 def _acceptable(result):

@@ -151,7 +151,9 @@ def _expand_input(value, spec, mesh, path):
     if _is_whole_on_each_device(value) and not _names_axes(spec, rank):
       # Goes into the program as it is (held wide if small: `small_values`).
       return value
-    value = value.dtensor_value
+    whole = value._held_on_host()  # pylint: disable=protected-access
+    # The host executor's array: its expanded form is a reshape in memory.
+    value = value.dtensor_value if whole is None else whole
   if _is_host_part(value):
     if isinstance(value, tf.Tensor):
       value = value.numpy()
@@ -232,9 +234,12 @@ def _join_output(value, spec, mesh):
     # Nothing to join: each device holds the result whole, as returned.
     return value
   dim_of = dict(zip(mesh.axis_names, mesh.dim_names))
-  # The global shape: a ShardedArray's own is this process's part's.
-  global_value = (value.dtensor_value if isinstance(value, ShardedArray)
-                  else value)
+  # The global shape: a ShardedArray's own is this process's part's. The
+  # host executor's arrays are whole in one process.
+  whole = (value._held_on_host() if isinstance(value, ShardedArray)  # pylint: disable=protected-access
+           else None)
+  global_value = (value if not isinstance(value, ShardedArray) else
+                  whole if whole is not None else value.dtensor_value)
   shape = stacking.sizes(global_value)
   named = sum(len(spec.axes_of(d)) for d in range(len(spec)))
   rank = len(shape) - named
@@ -246,6 +251,15 @@ def _join_output(value, spec, mesh):
     position += len(axes) + 1
   if not isinstance(value, ShardedArray):
     return tf.reshape(value, merged)
+  if whole is not None:
+    # The host executor's result: joined in memory, laid out as `spec` says.
+    target = (_merged_placement(spec, mesh, merged, "output")
+              if _merges_axes(spec, rank) else placement_lib.Placement(
+                  value.placement.mesh_key,
+                  tuple(None if dim == dtensor.UNSHARDED else dim
+                        for dim in split)))
+    return ShardedArray.on_host(tf.reshape(whole, merged), target, merged,
+                                value.dtype)
   if _merges_axes(spec, rank):
     # Each device's block of the expanded result is its block of the
     # global array: it moves onto the merged mesh where it is. A pmap

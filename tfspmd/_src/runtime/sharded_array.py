@@ -136,6 +136,11 @@ class ShardedArray:
     array._whole = whole
     return array
 
+  def _held_on_host(self) -> tf.Tensor | None:
+    """The host tensor of the whole array, if it is held so (`on_host`)."""
+    self._check_alive()
+    return self._whole if self._value is None else None
+
   def _whole_tensor(self) -> tf.Tensor:
     """The whole array as one tensor on the host (this process's part).
 
