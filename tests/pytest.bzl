@@ -1,6 +1,18 @@
-"""pytest_test: one pytest file as a py_test."""
+"""pytest_test: one pytest file as a py_test, on one of tfspmd's executors."""
 
-def pytest_test(name, src, deps = [], data = [], timeout = "moderate"):
+def pytest_test(name, src, deps = [], data = [], timeout = "moderate",
+                executor = None):
+    """A py_test running `src` with pytest.
+
+    Args:
+      name: The target's name.
+      src: The test file.
+      deps: What it imports beyond the standard library.
+      data: Files it reads.
+      timeout: Bazel's timeout class.
+      executor: None for the default executor ('auto'), or the
+        `tfspmd_executor` its programs run on ('dtensor').
+    """
     native.py_test(
         name = name,
         timeout = timeout,
@@ -9,7 +21,9 @@ def pytest_test(name, src, deps = [], data = [], timeout = "moderate"):
             "pytest_main.py",
         ],
         main = "pytest_main.py",
-        args = ["$(rootpath %s)" % src],
+        args = ["$(rootpath %s)" % src] + (
+            ["--executor=" + executor] if executor else []
+        ),
         data = ["//:pytest_config"] + data,
         deps = deps,
     )
