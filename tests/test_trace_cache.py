@@ -178,3 +178,80 @@ def test_a_pmap_of_an_unhashable_callable_is_not_shared():
   assert tfspmd.pmap(scale) is not tfspmd.pmap(scale)
   np.testing.assert_array_equal(np.asarray(tfspmd.pmap(scale)(np.ones(8))),
                                 np.full(8, 3.))
+
+
+# A new closure each call: traced once while it reads the same values, anew
+# whenever the function would compute something else.
+
+OFFSET = 1.0
+
+
+def _new_closure(scale):
+  def scaled(x):
+    return x * scale + OFFSET
+  return tfspmd.pmap(scaled)
+
+
+@pytest.fixture
+def traces(caplog):
+  """The names of the functions traced from here on (tfspmd_log_compiles)."""
+  tfspmd.config.update("tfspmd_log_compiles", True)
+  caplog.set_level("WARNING", logger="tfspmd")
+  try:
+    yield lambda: [r.getMessage().split(" for ")[0] for r in caplog.records
+                   if r.getMessage().startswith("tfspmd: traced")]
+  finally:
+    tfspmd.config.update("tfspmd_log_compiles", False)
+
+
+def test_a_new_closure_over_the_same_values_reuses_the_trace(traces):
+  x = np.arange(8, dtype=np.float32)
+  for _ in range(3):
+    np.testing.assert_array_equal(_new_closure(2.0)(x), x * 2. + 1.)
+  assert len(traces()) == 1
+  np.testing.assert_array_equal(_new_closure(3.0)(x), x * 3. + 1.)
+  assert len(traces()) == 2
+  # An int of the same value is another value (its own dtype in a tensor).
+  np.testing.assert_array_equal(_new_closure(2)(x), x * 2. + 1.)
+  assert len(traces()) == 3
+
+
+def test_a_changed_global_traces_anew(monkeypatch):
+  x = np.arange(8, dtype=np.float32)
+  np.testing.assert_array_equal(_new_closure(5.0)(x), x * 5. + 1.)
+  monkeypatch.setattr(__import__(__name__), "OFFSET", 10.0)
+  np.testing.assert_array_equal(_new_closure(5.0)(x), x * 5. + 10.)
+
+
+def test_a_closure_over_a_mutable_value_traces_anew(traces):
+  x = np.arange(8, dtype=np.float32)
+
+  def over(weights):
+    return tfspmd.pmap(lambda v: v * weights[0])
+
+  weights = [2.0]
+  np.testing.assert_array_equal(over(weights)(x), x * 2.)
+  weights[0] = 7.0  # the same list, changed in place
+  np.testing.assert_array_equal(over(weights)(x), x * 7.)
+  assert len(traces()) == 2
+
+
+def test_a_changed_default_argument_traces_anew():
+  x = np.arange(8, dtype=np.float32)
+  outs = [tfspmd.pmap(lambda v, k=k: v * k)(x) for k in (2.0, 4.0, 2.0)]
+  for out, k in zip(outs, (2.0, 4.0, 2.0)):
+    np.testing.assert_array_equal(out, x * k)
+
+
+def test_a_rebound_cell_traces_anew():
+  x = np.arange(8, dtype=np.float32)
+  scale = 2.0
+
+  def f(v):
+    return v * scale
+
+  first = tfspmd.pmap(f)(x)
+  scale = 3.0  # the same function object, its cell rebound
+  second = tfspmd.pmap(f)(x)
+  np.testing.assert_array_equal(first, x * 2.)
+  np.testing.assert_array_equal(second, x * 3.)

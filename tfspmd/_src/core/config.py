@@ -85,8 +85,9 @@ class Config:
       (they share the host's cores; collectives are reductions in memory),
       DTensor's SPMD expansion for accelerators and several processes.
       'host' or 'dtensor' forces one (docs/architecture.md weighs them).
-      `TFSPMD_EXECUTOR` in the environment sets it at import. A program
-      keeps the executor it was traced under.
+      `TFSPMD_EXECUTOR` in the environment sets it at import. Programs
+      are kept per executor: after a change, a call traces (or finds) the
+      program of the new one.
 
   Example:
     >>> import numpy as np, tfspmd

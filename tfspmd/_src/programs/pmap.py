@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from tfspmd._src.arguments import pmap_donation
 from tfspmd._src.core import debug_mode
+from tfspmd._src.core import function_keys
 from tfspmd._src.core import lru
 from tfspmd._src.core import tf_internal
 from tfspmd._src.programs import pmap_gradient
@@ -311,7 +312,8 @@ def pmap(
 # `pmap(f)(x)` afresh each time (in a loop, or inside a step function)
 # reuses the first one's traces and compiled programs, as jax.pmap's cache,
 # keyed on the function, does; it would otherwise trace and compile on
-# every call.
+# every call. A new closure of the same code over the same values counts as
+# the same function (`function_keys`).
 _RECENT = lru.LRUCache(lru.TRACE_CACHE_SIZE)
 
 
@@ -324,7 +326,7 @@ def _shared(arguments, make):
   """
   try:
     fun, *rest = arguments
-    key = (fun,) + tuple((treedef, tuple(leaves)) for leaves, treedef in (
+    key = (function_keys.function_key(fun) or fun,) + tuple((treedef, tuple(leaves)) for leaves, treedef in (
         tree.flatten(value) for value in rest))
     hash(key)
   except TypeError:

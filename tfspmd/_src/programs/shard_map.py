@@ -38,6 +38,7 @@ from tensorflow.experimental import dtensor
 
 from tfspmd._src.arguments import arguments
 from tfspmd._src.core import compile_log
+from tfspmd._src.core import function_keys
 from tfspmd._src.core import lru
 from tfspmd._src.core import stacking
 from tfspmd._src.core import tf_internal
@@ -575,7 +576,9 @@ def shard_map(
 # The shard_maps made lately, by function, mesh and specs: code that builds
 # the shard_map in each call (`shard_map(f, ...)(x)` inside a step function)
 # reuses its traces and compiled programs, as jax.jit's cache, keyed on the
-# function, does; it would otherwise trace and compile on every call.
+# function, does; it would otherwise trace and compile on every call. A new
+# closure of the same code over the same values counts as the same function
+# (`function_keys`).
 _RECENT = lru.LRUCache(lru.TRACE_CACHE_SIZE)
 
 
@@ -588,7 +591,7 @@ def _shared(arguments_key, make):
   """
   f, mesh, in_specs, out_specs, check = arguments_key
   try:
-    key = (f, mesh, check) + tuple(
+    key = (function_keys.function_key(f) or f, mesh, check) + tuple(
         (treedef, tuple(leaves)) for leaves, treedef in (
             tree.flatten(specs, is_leaf=_is_spec)
             for specs in (in_specs, out_specs)))

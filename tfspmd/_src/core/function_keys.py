@@ -1,0 +1,106 @@
+"""A key for a Python function by what it computes, for sharing its traces.
+
+Code that makes a new closure on every call (`pmap(lambda x: x * scale)`
+inside a loop, the Lorenz colab's `pplotter`) would trace and compile a new
+program each time if programs were kept by function object. Two functions
+compute the same program when they have the same code and read the same
+values: their closure cells, default arguments and the globals their code
+names. `function_key` keys a function by those, where every one of them is
+a value that cannot change behind the key's back:
+
+- None, bools, numbers, strings and bytes, by type and value (so `1`,
+  `1.0` and `True` differ);
+- tuples and frozensets of such values;
+- modules, classes and builtins, by identity (a rebinding changes them);
+- functions, by their own key, recursively.
+
+Anything else (a list, a dict, a NumPy array, a `tf.Variable`, an object)
+may change in place while the key stays the same, so a function reading one
+has no key (None), and is kept by its identity, as before.
+"""
+
+import types
+
+# How deep functions that read functions are followed before giving up.
+_MAX_DEPTH = 8
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_BY_IDENTITY = (types.ModuleType, type, types.BuiltinFunctionType)
+
+
+class _NoKey(Exception):
+  """A value the function reads may change without its key changing."""
+
+
+def function_key(fun):
+  """A hashable key equal for functions that compute the same, or None.
+
+  Args:
+    fun: Any callable.
+
+  Returns:
+    None unless `fun` is a plain Python function every value it reads of
+    which is keyed as the module docstring says.
+
+  Example:
+    >>> def scaled(k):
+    ...   return lambda x: x * k
+    >>> function_key(scaled(2)) == function_key(scaled(2))
+    True
+    >>> function_key(scaled(2)) == function_key(scaled(3))
+    False
+    >>> function_key(lambda x, seen=[]: x) is None
+    True
+  """
+  if not isinstance(fun, types.FunctionType):
+    return None
+  try:
+    return _function(fun, 0)
+  except _NoKey:
+    return None
+
+
+def _function(fun, depth):
+  if depth > _MAX_DEPTH:
+    raise _NoKey
+  code = fun.__code__
+  cells = tuple(_cell(cell, depth) for cell in fun.__closure__ or ())
+  defaults = tuple(_value(v, depth) for v in fun.__defaults__ or ())
+  keyword_defaults = tuple(sorted(
+      (name, _value(v, depth))
+      for name, v in (fun.__kwdefaults__ or {}).items()))
+  namespace = fun.__globals__
+  read = tuple(sorted(
+      (name, _value(namespace[name], depth))
+      for name in _global_names(code) if name in namespace))
+  return ("function", code, cells, defaults, keyword_defaults, read)
+
+
+def _cell(cell, depth):
+  try:
+    contents = cell.cell_contents
+  except ValueError:  # an empty cell: a name not yet bound
+    raise _NoKey from None
+  return _value(contents, depth)
+
+
+def _global_names(code):
+  """The names `code` and the functions defined in it may read as globals."""
+  names = set(code.co_names)
+  for constant in code.co_consts:
+    if isinstance(constant, types.CodeType):
+      names |= _global_names(constant)
+  return names
+
+
+def _value(value, depth):
+  if isinstance(value, _SCALARS):
+    return ("value", type(value), value)
+  if type(value) is tuple:  # pylint: disable=unidiomatic-typecheck
+    return ("tuple", tuple(_value(item, depth) for item in value))
+  if type(value) is frozenset:  # pylint: disable=unidiomatic-typecheck
+    return ("frozenset", frozenset(_value(item, depth) for item in value))
+  if isinstance(value, _BY_IDENTITY):
+    return ("identity", value)
+  if isinstance(value, types.FunctionType):
+    return _function(value, depth + 1)
+  raise _NoKey
