@@ -14,6 +14,9 @@ Both run on 8 CPU devices in one process, with the same inputs:
   pplotter    the notebook's `pplotter`, which makes a new pmap of a new
               closure on every call: trace, compile and run each time
 
+tfspmd runs each on both executors: the host's one XLA program (the
+default on CPU devices) and DTensor's ("dtensor" rows' columns).
+
 Each call waits for its values (fetched to NumPy). Steady calls are
 interleaved rounds (medians); first calls are the first of each in this
 process, after one untimed call of an unrelated small pmap per framework.
@@ -183,47 +186,60 @@ def main():
                lambda: jax.pmap(lambda v: v * 2.)(np.ones(8, np.float32))):
     np.asarray(warm())
 
+  on_dtensor = lambda function: timing.on_executor("dtensor", function)
   first = {}
   first["tfspmd solve"], ys = _seconds(lorenz_ode.solve)
+  first["dtensor solve"], dtensor_ys = _seconds(on_dtensor(lorenz_ode.solve))
+  np.testing.assert_allclose(ys, dtensor_ys, rtol=1e-4, atol=1e-4)
   first["jax solve"], jax_ys = _seconds(jax_solve)
   np.testing.assert_allclose(ys, jax_ys, rtol=1e-4, atol=1e-4)
   xs, zs = np.ascontiguousarray(ys[..., 0]), np.ascontiguousarray(ys[..., 2])
   first["tfspmd pplotter"], ims = _seconds(
       lambda: lorenz_ode.pplotter(xs, zs, XLIM, ZLIM, XN, ZN))
+  first["dtensor pplotter"], dtensor_ims = _seconds(on_dtensor(
+      lambda: lorenz_ode.pplotter(xs, zs, XLIM, ZLIM, XN, ZN)))
   first["jax pplotter"], jax_ims = _seconds(lambda: jax_pplotter(xs, zs))
   np.testing.assert_allclose(ims, jax_ims, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(dtensor_ims, jax_ims, rtol=1e-4, atol=1e-4)
 
   image = np.zeros((lorenz_ode.N_DEV, XN, ZN), np.float32)
   tfspmd_plot, jax_plot = tfspmd_plotfn(), jax.pmap(jax_plotfn(jax_drawline))
   fetched = lambda function: lambda: np.asarray(function())
   samples = timing.interleaved({
       "tfspmd solve": fetched(lorenz_ode.solve),
+      "dtensor solve": fetched(on_dtensor(lorenz_ode.solve)),
       "jax solve": fetched(jax_solve),
       "tfspmd plot": fetched(lambda: tfspmd_plot(image, xs, zs)),
+      "dtensor plot": fetched(on_dtensor(lambda: tfspmd_plot(image, xs, zs))),
       "jax plot": fetched(lambda: jax_plot(image, xs, zs)),
   }, rounds=options.rounds, calls_per_round=3, warmup=2)
   samples.update(timing.interleaved({
       "tfspmd pplotter": fetched(
           lambda: lorenz_ode.pplotter(xs, zs, XLIM, ZLIM, XN, ZN)),
+      "dtensor pplotter": fetched(on_dtensor(
+          lambda: lorenz_ode.pplotter(xs, zs, XLIM, ZLIM, XN, ZN))),
       "jax pplotter": fetched(lambda: jax_pplotter(xs, zs)),
-  }, rounds=2, calls_per_round=1, warmup=0))
+  }, rounds=options.rounds, calls_per_round=1, warmup=0))
   summary = timing.summarize(samples)
 
   rows = []
   for program in ("solve", "plot", "pplotter"):
     ours = summary[f"tfspmd {program}"]["median_us"] / 1e3
     theirs = summary[f"jax {program}"]["median_us"] / 1e3
-    row = dict(program=program, tfspmd_ms=ours, jax_ms=theirs,
-               tfspmd_over_jax=ours / theirs)
+    dtensor = summary[f"dtensor {program}"]["median_us"] / 1e3
+    row = dict(program=program, tfspmd_ms=ours, dtensor_ms=dtensor,
+               jax_ms=theirs, tfspmd_over_jax=ours / theirs,
+               dtensor_over_jax=dtensor / theirs)
     if f"tfspmd {program}" in first:
       row.update(tfspmd_first_s=first[f"tfspmd {program}"],
+                 dtensor_first_s=first[f"dtensor {program}"],
                  jax_first_s=first[f"jax {program}"])
     rows.append(row)
   timing.print_table(
       "The Lorenz colab's pmaps on 8 CPU devices: median ms a call (values "
       "fetched), and the first call's seconds", rows,
-      ["program", "tfspmd_ms", "jax_ms", "tfspmd_over_jax", "tfspmd_first_s",
-       "jax_first_s"])
+      ["program", "tfspmd_ms", "dtensor_ms", "jax_ms", "tfspmd_over_jax",
+       "dtensor_over_jax", "tfspmd_first_s", "dtensor_first_s", "jax_first_s"])
   path = timing.write_results("per_device_loop", dict(
       machine=timing.machine(), rows=rows, results=summary, first_s=first,
       load_average=os.getloadavg()))

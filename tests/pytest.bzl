@@ -27,3 +27,29 @@ def pytest_test(name, src, deps = [], data = [], timeout = "moderate",
         data = ["//:pytest_config"] + data,
         deps = deps,
     )
+
+def pytest_group(name, srcs, deps = [], data = [], timeout = "moderate",
+                 executor = None):
+    """One py_test running several pytest files in one process.
+
+    TensorFlow's import and pytest's start are paid once for the group.
+
+    Args:
+      name: The target's name.
+      srcs: The test files.
+      deps: What they import beyond the standard library.
+      data: Files they read.
+      timeout: Bazel's timeout class.
+      executor: As `pytest_test`'s.
+    """
+    native.py_test(
+        name = name,
+        timeout = timeout,
+        srcs = srcs + ["pytest_main.py"],
+        main = "pytest_main.py",
+        args = ["$(rootpath %s)" % src for src in srcs] + (
+            ["--executor=" + executor] if executor else []
+        ),
+        data = ["//:pytest_config"] + data,
+        deps = deps,
+    )

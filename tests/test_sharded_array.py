@@ -313,7 +313,8 @@ def test_block_until_ready_waits_for_the_values(each_executor):
   x = np.random.default_rng(0).standard_normal((8, 256, 256)).astype(
       np.float32) / 16
   np.asarray(f(x))
-  (program,) = f._programs.values()  # pylint: disable=protected-access
+  (program,) = [p for p in f._programs.values()  # pylint: disable=protected-access
+                if p.executor == each_executor]
   if each_executor == "dtensor":
     assert dtensor_settings.MULTI_DEVICE_EXPANSION in program.dtensor_switches
   start = time.perf_counter()

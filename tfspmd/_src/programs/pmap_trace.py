@@ -641,7 +641,7 @@ def _check_no_data_dependent_shapes(graph, axis_name):
 _STATEFUL_RANDOM = frozenset((
     "RandomUniform", "RandomUniformInt", "RandomStandardNormal",
     "TruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
-    "RandomGammaV2", "RandomPoisson", "RandomPoissonV2",
+    "RandomPoisson", "RandomPoissonV2",
     "ParameterizedTruncatedNormal"))
 
 
