@@ -8,10 +8,9 @@ first local devices, so pmap takes the arrays with no copy.
 """
 
 import numpy as np
-from tensorflow.experimental import dtensor
 
 import tfspmd
-from tfspmd._src.executors import dtensor_device  # pylint: disable=protected-access
+from tfspmd._src.executors import dtensor_values  # pylint: disable=protected-access
 from tfspmd._src.programs import pmap_trace  # pylint: disable=protected-access
 from tfspmd._src.runtime import mesh as mesh_lib  # pylint: disable=protected-access
 from tfspmd._src.runtime import placement as placement_lib  # pylint: disable=protected-access
@@ -65,8 +64,7 @@ def pack(components, devices, split):
   if split:
     shape[0] *= len(devices)
   where = placement(devices, len(shape), split)
-  with dtensor_device.entry:
-    value = dtensor.pack(list(components), where.layout)
+  value = dtensor_values.pack(list(components), where.layout)
   return tfspmd.ShardedArray(value, where, shape, first.dtype)
 
 

@@ -37,7 +37,7 @@ def _op_type_sets():
 def test_every_op_type_name_is_registered():
   found = _op_type_sets()
   # The sets this check exists for are among those found.
-  for name in ("tfspmd._src.rewrites.replicated_ops.EXPANDED",
+  for name in ("tfspmd._src.executors.replicated_ops.EXPANDED",
                "tfspmd._src.executors.run_errors._CANNOT_FAIL",
                "tfspmd._src.core.op_types.LOOPS"):
     assert name in found, sorted(found)

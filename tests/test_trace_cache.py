@@ -255,3 +255,19 @@ def test_a_rebound_cell_traces_anew():
   second = tfspmd.pmap(f)(x)
   np.testing.assert_array_equal(first, x * 2.)
   np.testing.assert_array_equal(second, x * 3.)
+
+
+@tf.function
+def _halved(v):
+  return v / 2.
+
+
+def test_a_closure_calling_a_tf_function_reuses_the_trace(traces):
+  x = np.arange(8, dtype=np.float32)
+
+  def new_closure(shift):
+    return tfspmd.pmap(lambda v: _halved(v) + shift)
+
+  for _ in range(3):
+    np.testing.assert_array_equal(new_closure(1.0)(x), x / 2. + 1.)
+  assert len(traces()) == 1

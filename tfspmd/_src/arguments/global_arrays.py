@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.experimental import dtensor
 
 from tfspmd._src.arguments import arguments
-from tfspmd._src.executors import dtensor_device
+from tfspmd._src.executors import dtensor_values
 from tfspmd._src.runtime import device_meshes
 from tfspmd._src.runtime import placement as placement_lib
 from tfspmd._src.runtime.named_sharding import NamedSharding
@@ -37,8 +36,7 @@ def _checked_sharding(sharding, function):
 
 
 def _wrapped(components, placement, shape, dtype):
-  with dtensor_device.entry:
-    value = dtensor.pack(components, placement.layout)
+  value = dtensor_values.pack(components, placement.layout)
   return ShardedArray(value, placement, placement.local_shape(shape), dtype)
 
 

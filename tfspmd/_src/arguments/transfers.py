@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.experimental import dtensor
 
 from tfspmd._src.arguments import arguments
 from tfspmd._src.core import multiprocess_hooks
 from tfspmd._src.executors import dtensor_device
+from tfspmd._src.executors import dtensor_values
 from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import mesh as mesh_lib
 from tfspmd._src.runtime import named_mesh
@@ -253,9 +253,8 @@ def _pack_stack(blocks, devices, path):
           f"{path.replace('[k]', '[0]')} {first.shape.as_list()} and "
           f"{first.dtype.name}; the shards must agree to be stacked.")
   placement = _stacked_placement(len(devices), first.shape.rank, devices)
-  with dtensor_device.entry:
-    value = dtensor.pack([tf.expand_dims(t, 0) for t in tensors],
-                         placement.layout)
+  value = dtensor_values.pack([tf.expand_dims(t, 0) for t in tensors],
+                              placement.layout)
   return ShardedArray(value, placement, placement.local_shape(value.shape),
                       value.dtype)
 

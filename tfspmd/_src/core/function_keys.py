@@ -12,7 +12,9 @@ a value that cannot change behind the key's back:
   `1.0` and `True` differ);
 - tuples and frozensets of such values;
 - modules, classes and builtins, by identity (a rebinding changes them);
-- functions, by their own key, recursively.
+- functions, by their own key, recursively; a `tf.function`, by its
+  identity (its options and traces are its own) and its Python function's
+  key.
 
 Anything else (a list, a dict, a NumPy array, a `tf.Variable`, an object)
 may change in place while the key stays the same, so a function reading one
@@ -20,6 +22,8 @@ has no key (None), and is kept by its identity, as before.
 """
 
 import types
+
+import tensorflow as tf
 
 # How deep functions that read functions are followed before giving up.
 _MAX_DEPTH = 8
@@ -103,4 +107,8 @@ def _value(value, depth):
     return ("identity", value)
   if isinstance(value, types.FunctionType):
     return _function(value, depth + 1)
+  if isinstance(value, tf.types.experimental.PolymorphicFunction):
+    python_function = getattr(value, "python_function", None)
+    if isinstance(python_function, types.FunctionType):
+      return ("tf.function", value, _function(python_function, depth + 1))
   raise _NoKey

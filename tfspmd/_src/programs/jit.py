@@ -36,6 +36,7 @@ from tfspmd._src.core import tf_internal
 from tfspmd._src.core import trace_context
 from tfspmd._src.executors import dtensor_calls
 from tfspmd._src.executors import dtensor_device
+from tfspmd._src.executors import dtensor_values
 from tfspmd._src.executors import small_values
 from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import mesh_context
@@ -223,8 +224,8 @@ class JittedFunction:
     try:
       # The mesh is the default one for ops with no DTensor input (a
       # function of no arguments).
-      with dtensor_device.entry, dtensor.default_mesh(mesh.dtensor_mesh):
-        outputs = program.call(*tensors)
+      outputs = dtensor_values.call_program(
+          program.call, tensors, (), mesh.dtensor_mesh)
     except tf.errors.OpError:
       raise ValueError(
           f"jit: DTensor (TF {tf.__version__}) could not lower or run the "

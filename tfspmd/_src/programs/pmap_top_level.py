@@ -19,7 +19,7 @@ from tfspmd._src.core import multiprocess_hooks
 from tfspmd._src.core.config import config
 from tfspmd._src.executors import dtensor_device
 from tfspmd._src.executors import dtensor_errors
-from tfspmd._src.executors import dtensor_settings
+from tfspmd._src.executors import dtensor_values
 from tfspmd._src.executors import expanded_inputs
 from tfspmd._src.executors import host as host_executor
 from tfspmd._src.executors import run_errors
@@ -128,15 +128,8 @@ def run(program, values, axis_name):
   program.ran = True
   start = time.perf_counter() if first_run else None
   try:
-    # DTensor reads its switches when it lowers and starts the program,
-    # not while its results are awaited: other threads' calls go on then.
-    with dtensor_settings.applied(program.dtensor_switches):
-      with dtensor_device.entry:
-        if placed:
-          outputs = program.function(*placed)
-        else:
-          with dtensor.default_mesh(program.mesh):
-            outputs = program.function()
+    outputs = dtensor_values.call_program(
+        program.function, placed, program.dtensor_switches, program.mesh)
     if program.may_fail or first_run:
       dtensor_device.components(outputs)
     if first_run:

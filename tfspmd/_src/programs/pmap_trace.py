@@ -24,6 +24,7 @@ from tfspmd._src.executors import dtensor_calls
 from tfspmd._src.executors import dtensor_device
 from tfspmd._src.executors import dtensor_settings
 from tfspmd._src.executors import host as host_executor
+from tfspmd._src.executors import replicated_ops
 from tfspmd._src.executors import run_errors
 from tfspmd._src.executors import selection
 from tfspmd._src.executors import small_values
@@ -33,7 +34,6 @@ from tfspmd._src.programs import vectorize
 from tfspmd._src.rewrites import control_flow
 from tfspmd._src.rewrites import new_axis
 from tfspmd._src.rewrites import rank_limits
-from tfspmd._src.rewrites import replicated_ops
 from tfspmd._src.runtime import axis_env
 from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import mesh as mesh_lib

@@ -20,6 +20,7 @@ from tensorflow.experimental import dtensor
 
 from tfspmd._src.core import tf_internal
 from tfspmd._src.executors import dtensor_device
+from tfspmd._src.executors import dtensor_values
 from tfspmd._src.executors import run_errors
 from tfspmd._src.runtime import devices as devices_lib
 from tfspmd._src.runtime import mesh as mesh_lib
@@ -220,9 +221,8 @@ def pack_host_array(array, placement, blocks=None):
   """
   if blocks is None:
     blocks = host_blocks(placement, array.shape)
-  with dtensor_device.entry:
-    return dtensor.pack([array if block is None else array[block]
-                         for block in blocks], placement.layout)
+  return dtensor_values.pack([array if block is None else array[block]
+                              for block in blocks], placement.layout)
 
 
 def pack_global_array(array, placement):
@@ -230,8 +230,7 @@ def pack_global_array(array, placement):
   counts = placement.counts()
   components = [array[block_slices(index, array.shape, counts)]
                 for _, index in placement.local_blocks]
-  with dtensor_device.entry:
-    return dtensor.pack(components, placement.layout)
+  return dtensor_values.pack(components, placement.layout)
 
 
 def renamed(placement, mesh_key):
@@ -278,8 +277,7 @@ def repack(value, placement):
   Only valid when each local device of `placement` already holds exactly the
   block it needs (the same split over the same devices, under another mesh).
   """
-  with dtensor_device.entry:
-    return dtensor.pack(dtensor.unpack(value), placement.layout)
+  return dtensor_values.repack(value, placement.layout)
 
 
 def moved_blocks(value, source, target, shape):
@@ -296,8 +294,7 @@ def moved_blocks(value, source, target, shape):
   by_device = dict(zip(source.mesh.local_devices(), components(value)))
   blocks = [tf.reshape(by_device[device], block_shape)
             for device in target.mesh.local_devices()]
-  with dtensor_device.entry:
-    return dtensor.pack(blocks, target.layout)
+  return dtensor_values.pack(blocks, target.layout)
 
 
 def assemble(value, placement, local_shape, dtype):
@@ -326,19 +323,13 @@ def whole_on_host(value):
 
   A value split over the devices is gathered onto each of them first.
   """
-  with dtensor_device.entry:
-    layout = dtensor.fetch_layout(value)
-    if not layout.is_fully_replicated():
-      value = dtensor.relayout(
-          value, dtensor.Layout.replicated(layout.mesh, layout.rank))
-  return components(value)[0]
+  return components(dtensor_values.replicated_on(value))[0]
 
 
 def replicated(tensor, mesh):
   """An eager tensor copied whole to every device of `mesh`, as a DTensor."""
-  with dtensor_device.entry:
-    return dtensor.copy_to_mesh(
-        tensor, dtensor.Layout.replicated(mesh, tensor.shape.rank))
+  return dtensor_values.copy_to_mesh(
+      tensor, dtensor.Layout.replicated(mesh, tensor.shape.rank))
 
 
 def relayout(value, placement):
@@ -348,36 +339,46 @@ def relayout(value, placement):
   names or another shape, DTensor moves the blocks between the devices;
   between meshes of other devices the array goes through the host.
   """
-  with dtensor_device.entry:
-    layout = dtensor.fetch_layout(value)
-    if layout.mesh != placement.mesh:
-      renamed = renamed_layout(layout, placement.mesh)
-      if renamed is not None:
-        # A shard_map's mesh and a pmap's over the same devices: each device
-        # keeps its blocks.
-        value, layout = dtensor.pack(dtensor.unpack(value), renamed), renamed
-    if layout == placement.layout:
-      return value
-    if layout.mesh == placement.mesh and mesh_lib.layout_on(
-        placement.mesh_key, layout.sharding_specs) == placement.layout:
-      # Split over size-1 mesh dimensions only where `placement` is whole:
-      # every device holds its block already.
-      return dtensor.pack(dtensor.unpack(value), placement.layout)
-    if layout.mesh == placement.mesh:
-      return dtensor.relayout(value, placement.layout)
-    replicated = dtensor.Layout.replicated(layout.mesh, layout.rank)
-    whole_on_each = dtensor.relayout(value, replicated)
-  whole = components(whole_on_each)
+  moved, layout = dtensor_values.entered(_relayout_on_devices, value, placement)
+  if moved is not None:
+    return moved
+  whole = components(dtensor_values.relayout(
+      value, dtensor.Layout.replicated(layout.mesh, layout.rank)))
   if _same_devices(layout.mesh, placement.mesh):
     # Another shape of mesh over the same devices (a 2 x 4 shard_map's and
     # an 8-device pmap's): every device already holds the whole array.
     by_device = dict(zip(layout.mesh.local_devices(), whole))
-    with dtensor_device.entry:
-      value = dtensor.pack(
-          [by_device[device] for device in placement.mesh.local_devices()],
-          dtensor.Layout.replicated(placement.mesh, layout.rank))
-      return dtensor.relayout(value, placement.layout)
+    value = dtensor_values.pack(
+        [by_device[device] for device in placement.mesh.local_devices()],
+        dtensor.Layout.replicated(placement.mesh, layout.rank))
+    return dtensor_values.relayout(value, placement.layout)
   return pack_global_array(whole[0].numpy(), placement)
+
+
+def _relayout_on_devices(value, placement):
+  """`(value on placement, its layout before)`, or `(None, its layout)`.
+
+  None where DTensor cannot move it between the two meshes in one step.
+
+  Called into DTensor's device (`dtensor_values.entered`).
+  """
+  layout = dtensor.fetch_layout(value)
+  if layout.mesh != placement.mesh:
+    renamed = renamed_layout(layout, placement.mesh)
+    if renamed is not None:
+      # A shard_map's mesh and a pmap's over the same devices: each device
+      # keeps its blocks.
+      value, layout = dtensor.pack(dtensor.unpack(value), renamed), renamed
+  if layout == placement.layout:
+    return value, layout
+  if layout.mesh == placement.mesh and mesh_lib.layout_on(
+      placement.mesh_key, layout.sharding_specs) == placement.layout:
+    # Split over size-1 mesh dimensions only where `placement` is whole:
+    # every device holds its block already.
+    return dtensor.pack(dtensor.unpack(value), placement.layout), layout
+  if layout.mesh == placement.mesh:
+    return dtensor.relayout(value, placement.layout), layout
+  return None, layout
 
 
 def _same_devices(mesh, other):

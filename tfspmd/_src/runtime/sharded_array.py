@@ -14,6 +14,7 @@ from tensorflow.experimental import dtensor
 
 from tfspmd._src.core import multiprocess_hooks
 from tfspmd._src.executors import dtensor_device
+from tfspmd._src.executors import dtensor_values
 from tfspmd._src.executors import host as host_executor
 from tfspmd._src.executors import small_values
 from tfspmd._src.runtime import array_ops
@@ -319,9 +320,8 @@ class ShardedArray:
     if not self._wide:
       return self._stored()
     if self._other_form is None:
-      with dtensor_device.entry:
-        self._other_form = small_values.narrowed(self._stored(),
-                                                 self._shape.as_list())
+      self._other_form = dtensor_values.entered(
+          small_values.narrowed, self._stored(), self._shape.as_list())
     self._other_form = dtensor_device.current(self._other_form)
     return self._other_form
 
@@ -335,8 +335,8 @@ class ShardedArray:
       wide = self._stored()
     else:
       if self._other_form is None:
-        with dtensor_device.entry:
-          self._other_form = small_values.widened(self._stored())
+        self._other_form = dtensor_values.entered(small_values.widened,
+                                                  self._stored())
       wide = self._other_form = dtensor_device.current(self._other_form)
     return small_values.on_mesh(wide, placement.mesh)
 
@@ -412,10 +412,9 @@ class ShardedArray:
     self._check_alive()
     if self._whole_on_each_device is None:
       value = self._live()
-      with dtensor_device.entry:
-        self._whole_on_each_device = dtensor.relayout(
-            value, dtensor.Layout.replicated(self._placement.mesh,
-                                             value.shape.rank))
+      self._whole_on_each_device = dtensor_values.relayout(
+          value, dtensor.Layout.replicated(self._placement.mesh,
+                                           value.shape.rank))
     self._whole_on_each_device = dtensor_device.current(
         self._whole_on_each_device)
     return self._whole_on_each_device
