@@ -14,7 +14,8 @@ It prints the failures (none expected), how often DTensor met a function
 name already taken and tfspmd lowered a program again under a new one, the
 resident memory along the way (flat expected once warm), and the step time.
 
-Run: python -m benchmarks.soak [--programs N] [--steps N]
+Run: python -m benchmarks.soak [--programs N] [--steps N] [--executor E]
+(E: 'host' or 'dtensor', tfspmd's executor; results go to soak_E.json)
 """
 
 import argparse
@@ -147,7 +148,10 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--programs", type=int, default=1000)
   parser.add_argument("--steps", type=int, default=10000)
+  parser.add_argument("--executor", choices=("host", "dtensor"),
+                      default="host")
   options = parser.parse_args()
+  tfspmd.config.update("tfspmd_executor", options.executor)
   renamings = count_renamings()
   report = lambda line: print(line, flush=True)  # pylint: disable=unnecessary-lambda-assignment
   start = resident_mib()
@@ -165,13 +169,14 @@ def main():
            typical=f"{steps['median_ms']:.2f} ms a step"),
   ]
   timing.print_table(
-      f"One process, {DEVICES} CPU devices; programs lowered again under a "
-      f"new name: {renamings[0]}", rows,
+      f"One process, {DEVICES} CPU devices, the {options.executor} executor; "
+      f"programs lowered again under a new name: {renamings[0]}", rows,
       ["phase", "failures", "start_mib", "end_mib", "typical"])
   for failure in programs["failures"] + steps["failures"]:
     print(failure)
-  path = timing.write_results("soak", dict(
-      machine=timing.machine(), rows=rows, renamings=renamings[0],
+  path = timing.write_results(f"soak_{options.executor}", dict(
+      machine=timing.machine(), executor=options.executor, rows=rows,
+      renamings=renamings[0],
       programs=programs, steps=steps, load_average=os.getloadavg()))
   print(f"Results written to {path}")
 
