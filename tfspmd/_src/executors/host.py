@@ -19,6 +19,7 @@ op through TensorFlow's kernels instead, and the compile log says so.
 """
 
 import logging
+import re
 import time
 
 import numpy as np
@@ -80,9 +81,9 @@ class HostExecutable:
       self.compiled_by_xla = False
       outputs = self._call(tensors)
       logger.warning(
-          "tfspmd: XLA cannot compile %s (%s); it runs through TensorFlow's "
+          "tfspmd: XLA cannot compile %s: %s; it runs through TensorFlow's "
           "kernels op by op instead (%.3f s).", self._name,
-          _first_line(error), time.perf_counter() - start)
+          _refusal(error), time.perf_counter() - start)
       return outputs
     self.compiled_by_xla = True
     return outputs
@@ -108,5 +109,18 @@ def get(tensor):
   return array
 
 
-def _first_line(error):
-  return str(error).strip().split("\n", 1)[0][:300]
+_NO_KERNEL = re.compile(r"No registered '(\w+)' OpKernel for XLA")
+_NOT_CONSTANT = re.compile(r"with op (\w+) must be a compile-time constant")
+
+
+def _refusal(error):
+  """Why XLA refused the program, in words naming the op."""
+  message = str(error)
+  found = _NO_KERNEL.search(message)
+  if found:
+    return f"it has no kernel for the op {found.group(1)}"
+  found = _NOT_CONSTANT.search(message)
+  if found:
+    return (f"the op {found.group(1)} takes a size computed while the "
+            f"program runs, which XLA needs when it compiles")
+  return "XLA refused the program"

@@ -1,0 +1,116 @@
+"""The two executors: which runs a program, and that both compute the same.
+
+The host executor runs a mesh of CPU devices of one process as one XLA
+program; DTensor's executor splits it into one program per device. Values
+are checked against NumPy.
+"""
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfspmd
+from tfspmd import lax
+from tfspmd._src.executors import selection
+
+from child_process import run_python
+
+N = 8
+
+
+def _collectives(x):
+  total = lax.psum(x, "i")
+  gathered = lax.all_gather(x, "i")
+  shifted = lax.ppermute(x, "i", [(k, (k + 1) % N) for k in range(N)])
+  return total, gathered, shifted, lax.axis_index("i")
+
+
+@pytest.mark.parametrize("executor", ["host", "dtensor"])
+def test_both_executors_compute_the_collectives_numpy_does(executor,
+                                                           monkeypatch):
+  monkeypatch.setattr(tfspmd.config, "_values",
+                      dict(tfspmd.config._values, tfspmd_executor=executor))  # pylint: disable=protected-access
+  x = np.arange(N * 3, dtype=np.float32).reshape(N, 3)
+  total, gathered, shifted, index = tfspmd.pmap(_collectives, "i")(x)
+  np.testing.assert_allclose(total, np.broadcast_to(x.sum(0), x.shape))
+  np.testing.assert_allclose(gathered, np.broadcast_to(x, (N, N, 3)))
+  np.testing.assert_allclose(shifted, np.roll(x, 1, axis=0))
+  np.testing.assert_array_equal(index, np.arange(N))
+  program, = [p for p in tfspmd.pmap(_collectives, "i").programs.values()
+              if p.executor == executor]
+  assert program.executor == executor
+
+
+def test_a_host_result_lies_on_the_mesh_when_asked(host_executor):
+  del host_executor  # unused
+  x = np.arange(16, dtype=np.float32).reshape(N, 2)
+  out = tfspmd.pmap(lambda v: v * 2.)(x)
+  shards = out.addressable_shards
+  assert [shard.device.id for shard in shards] == list(range(N))
+  for k, shard in enumerate(shards):
+    assert shard.data.device.endswith(f"CPU:{k}")
+    np.testing.assert_array_equal(shard.data, x[k:k + 1] * 2.)
+  from tensorflow.experimental import dtensor  # pylint: disable=g-import-not-at-top
+  pieces = dtensor.unpack(out.dtensor_value)
+  np.testing.assert_array_equal(np.concatenate(pieces), x * 2.)
+  # Back into a program, and into DTensor's executor, with the same values.
+  again = tfspmd.pmap(lambda v: v + 1.)(out)
+  np.testing.assert_array_equal(again, x * 2. + 1.)
+
+
+def test_a_program_xla_cannot_compile_runs_op_by_op_and_says_so(
+    host_executor, caplog):
+  del host_executor  # unused
+  caplog.set_level(logging.WARNING, logger="tfspmd")
+  x = np.arange(N * 3, dtype=np.float32).reshape(N, 3)
+  histogram = tfspmd.pmap(lambda v: tf.histogram_fixed_width(
+      v, [0., 24.], nbins=4))
+  out = np.asarray(histogram(x))
+  expected = np.stack([np.histogram(row, bins=4, range=(0., 24.))[0]
+                       for row in x])
+  np.testing.assert_array_equal(out, expected)
+  # The program that runs op by op is kept: a second call takes it again.
+  np.testing.assert_array_equal(histogram(x * .5), np.stack(
+      [np.histogram(row, bins=4, range=(0., 24.))[0] for row in x * .5]))
+  refused = [r.getMessage() for r in caplog.records
+             if "XLA cannot compile" in r.getMessage()]
+  assert len(refused) == 1, refused
+  assert "it has no kernel for the op HistogramFixedWidth" in refused[0]
+  assert "__inference" not in refused[0]
+
+
+def test_auto_runs_cpu_meshes_of_one_process_on_the_host(monkeypatch):
+  values = dict(tfspmd.config._values)  # pylint: disable=protected-access
+  monkeypatch.setattr(tfspmd.config, "_values", values)
+  values["tfspmd_executor"] = "auto"
+  assert selection.executor_for(["cpu"] * 8, 1, "f") == selection.HOST
+  assert selection.executor_for(["gpu"] * 8, 1, "f") == selection.DTENSOR
+  assert selection.executor_for(["cpu"] * 8, 2, "f") == selection.DTENSOR
+  values["tfspmd_executor"] = "dtensor"
+  assert selection.executor_for(["cpu"] * 8, 1, "f") == selection.DTENSOR
+  values["tfspmd_executor"] = "host"
+  with pytest.raises(ValueError, match=r"pmap of f: tfspmd_executor is 'host'"
+                     r".*spans devices of \['tpu'\]"):
+    selection.executor_for(["tpu"] * 8, 1, "pmap of f")
+  with pytest.raises(ValueError, match=r"spans 2 processes"):
+    selection.executor_for(["cpu"] * 8, 2, "pmap of f")
+
+
+def test_the_setting_takes_only_its_values():
+  with pytest.raises(ValueError, match=r"tfspmd_executor must be one of "
+                     r"\('auto', 'host', 'dtensor'\), got 'xla'"):
+    tfspmd.config.update("tfspmd_executor", "xla")
+  with pytest.raises(TypeError, match=r"tfspmd_executor must be one of"):
+    tfspmd.config.update("tfspmd_executor", True)
+
+
+def test_the_environment_variable_is_checked_at_import():
+  run = run_python("import tfspmd", check=False, TFSPMD_EXECUTOR="gpu")
+  assert run.returncode != 0
+  assert ("TFSPMD_EXECUTOR must be one of ('auto', 'host', 'dtensor')"
+          in run.stderr), run.stderr[-2000:]
+  run = run_python("import tfspmd; print(tfspmd.config.tfspmd_executor)",
+                   TFSPMD_EXECUTOR="DTensor")
+  assert run.stdout.split() == ["dtensor"]
