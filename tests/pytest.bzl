@@ -1,8 +1,7 @@
 """pytest_test: one pytest file as a py_test, on one of tfspmd's executors."""
 
-def pytest_test(name, src, deps = [], data = [], timeout = "moderate",
-                executor = None):
-    """A py_test running `src` with pytest.
+def pytest_test(name, src, deps = [], data = [], timeout = "moderate"):
+    """A py_test running the test file `src` with pytest.
 
     Args:
       name: The target's name.
@@ -10,23 +9,8 @@ def pytest_test(name, src, deps = [], data = [], timeout = "moderate",
       deps: What it imports beyond the standard library.
       data: Files it reads.
       timeout: Bazel's timeout class.
-      executor: None for the default executor ('auto'), or the
-        `tfspmd_executor` its programs run on ('dtensor').
     """
-    native.py_test(
-        name = name,
-        timeout = timeout,
-        srcs = [
-            src,
-            "pytest_main.py",
-        ],
-        main = "pytest_main.py",
-        args = ["$(rootpath %s)" % src] + (
-            ["--executor=" + executor] if executor else []
-        ),
-        data = ["//:pytest_config"] + data,
-        deps = deps,
-    )
+    pytest_group(name, [src], deps, data, timeout)
 
 def pytest_group(name, srcs, deps = [], data = [], timeout = "moderate",
                  executor = None):
@@ -40,7 +24,8 @@ def pytest_group(name, srcs, deps = [], data = [], timeout = "moderate",
       deps: What they import beyond the standard library.
       data: Files they read.
       timeout: Bazel's timeout class.
-      executor: As `pytest_test`'s.
+      executor: None for the default executor ('auto'), or the
+        `tfspmd_executor` their programs run on ('dtensor').
     """
     native.py_test(
         name = name,

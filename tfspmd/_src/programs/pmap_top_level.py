@@ -135,14 +135,6 @@ def run(program, values, axis_name):
     if first_run:
       compile_log.compiled(program.name, program.signature,
                            time.perf_counter() - start)
-    count = len(program.output_placements)
-    if program.effects:
-      effects = pmap_trace.effect_values(program, [
-          ShardedArray(value, placement, shape, value.dtype)
-          for value, placement, shape in zip(
-              outputs[count:], program.effect_placements,
-              program.effect_shapes)])
-      outputs = outputs[:count]
   except tf.errors.OpError as e:
     multiprocess_hooks.raise_peer_failure(e)
     explained = dtensor_errors.explain(e, axis_name)
@@ -150,8 +142,7 @@ def run(program, values, axis_name):
       raise explained from None
     dtensor_device.replace()
     raise run_errors.failed_run(e, axis_name) from None
-  if program.effects:
-    side_effects.replay_on_host(program.effects, effects, axis_name)
+  outputs = _replay_effects(program, outputs, ShardedArray, axis_name)
   return [ShardedArray(value, placement, shape, dtype, wide=wide,
                        expanded=program.expanded)
           for value, placement, shape, dtype, wide in zip(
@@ -173,18 +164,28 @@ def _run_on_host(program, values, axis_name):
   if first_run:
     compile_log.compiled(program.name, program.signature,
                          time.perf_counter() - start)
-  count = len(program.output_placements)
-  if program.effects:
-    effects = pmap_trace.effect_values(program, [
-        ShardedArray.on_host(value, placement, shape, value.dtype)
-        for value, placement, shape in zip(
-            outputs[count:], program.effect_placements,
-            program.effect_shapes)])
-    side_effects.replay_on_host(program.effects, effects, axis_name)
+  outputs = _replay_effects(program, outputs, ShardedArray.on_host,
+                            axis_name)
   return [ShardedArray.on_host(value, placement, shape, dtype)
           for value, placement, shape, dtype in zip(
-              outputs[:count], program.output_placements,
+              outputs, program.output_placements,
               program.output_shapes, program.output_dtypes)]
+
+
+def _replay_effects(program, outputs, array, axis_name):
+  """Carries out the program's prints and checks; returns its output leaves.
+
+  The values of its prints and checks follow its outputs; `array(value,
+  placement, shape, dtype)` makes each an array, as the executor holds it.
+  """
+  count = len(program.output_placements)
+  if program.effects:
+    side_effects.replay_on_host(program.effects, pmap_trace.effect_values(
+        program, [array(value, placement, shape, value.dtype)
+                  for value, placement, shape in zip(
+                      outputs[count:], program.effect_placements,
+                      program.effect_shapes)]), axis_name)
+  return outputs[:count]
 
 
 def _whole_on_host(value, device):
