@@ -121,6 +121,30 @@ def test_static_arguments_are_traced_once_per_value():
   assert traces == [2, 3]
 
 
+def test_static_values_equal_across_types_trace_apart_as_in_jax():
+  # 1, 1.0 and True are equal and hash alike (so do (1,) and (1.0,)); JAX
+  # traces each anew, positional or by keyword.
+  traces = []
+
+  def filled(x, value, kind=0):
+    traces.append((value, kind))
+    value = value[0] if isinstance(value, tuple) else value
+    return tf.fill(tf.shape(x), value), tf.fill(tf.shape(x), kind)
+
+  x = np.zeros(8, np.float32)
+  jitted = tfspmd.jit(filled, static_argnums=1, static_argnames="kind")
+  for value, dtype in ((1, np.int32), (1.0, np.float32), (True, np.bool_),
+                       ((1,), np.int32), ((1.0,), np.float32)):
+    out, _ = jitted(x, value)
+    assert np.asarray(out).dtype == dtype
+    np.testing.assert_array_equal(np.asarray(out), np.ones(8, dtype))
+  for kind, dtype in ((1, np.int32), (1.0, np.float32), (True, np.bool_)):
+    _, out = jitted(x, 2, kind=kind)
+    assert np.asarray(out).dtype == dtype
+    np.testing.assert_array_equal(np.asarray(out), np.ones(8, dtype))
+  assert len(traces) == 8
+
+
 def test_static_argnames_and_argnums_complete_each_other_as_in_jax():
   traces = []
 

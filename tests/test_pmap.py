@@ -156,6 +156,11 @@ def test_static_arguments_of_other_types_trace_apart():
       "int32": tf.int32}
   np.testing.assert_array_equal(results["float"], [[1., 1.], [1., 1.]])
   assert len(g._programs) == 4  # pylint: disable=protected-access
+  # So are (1,) and (1.0,).
+  h = tfspmd.pmap(lambda x, c: (x, tf.fill([2], c[0])),
+                  static_broadcasted_argnums=1)
+  assert [h(x, c)[1].dtype for c in ((1,), (1.0,))] == [tf.int32,
+                                                        tf.float32]
 
 
 def test_static_argument_with_in_axes_tuple_and_negative_argnum():

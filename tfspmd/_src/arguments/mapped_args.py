@@ -9,6 +9,7 @@ the argument at fault.
 import functools
 
 from tfspmd._src.arguments import arguments
+from tfspmd._src.core import function_keys
 from tfspmd._src.core import lru
 from tfspmd._src.trees import tree
 
@@ -168,8 +169,9 @@ class BoundCall:
     kwargs: The keyword arguments as given.
     static_positions: Positions in `args` of static arguments.
     statics: `(position, value)` of each static argument.
-    static_key: The statics as a cache key: `(position, type, value)`, so
-      `1`, `1.0` and `True` (equal, with one hash) trace apart, as in JAX.
+    static_key: The statics as a cache key: `(position, typed value)`, so
+      `1`, `1.0` and `True` (equal, with one hash) trace apart, as in JAX
+      (`function_keys.static_value_key`).
     dynamic: The positional arguments that are not static.
     leaves: The leaves of `(dynamic, kwargs)`.
     treedef: Their tree structure.
@@ -181,8 +183,9 @@ class BoundCall:
     self.kwargs = kwargs
     self.static_positions = binding.static_positions(len(args))
     self.statics = binding.statics(args, self.static_positions)
-    self.static_key = tuple((position, type(value), value)
-                            for position, value in self.statics)
+    self.static_key = tuple(
+        (position, function_keys.static_value_key(value))
+        for position, value in self.statics)
     self.dynamic = tuple(args) if not self.statics else tuple(
         a for i, a in enumerate(args) if i not in self.static_positions)
     self.leaves, self.treedef = tree.flatten((self.dynamic, kwargs))

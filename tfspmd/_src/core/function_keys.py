@@ -35,6 +35,30 @@ class _NoKey(Exception):
   """A value the function reads may change without its key changing."""
 
 
+def static_value_key(value):
+  """A static argument's value as a cache key that tells types apart.
+
+  `1`, `1.0` and `True` are equal and hash alike, so do `(1,)` and
+  `(1.0,)`; a function traced for one of them would be reused for the
+  others. JAX traces each anew, and so do the programs keyed by this.
+
+  Args:
+    value: A hashable value.
+
+  Returns:
+    A hashable key equal for values of the same types and values.
+
+  Example:
+    >>> static_value_key(1) == static_value_key(1.0)
+    False
+    >>> static_value_key((1, "a")) == static_value_key((1, "a"))
+    True
+  """
+  if type(value) is tuple:  # pylint: disable=unidiomatic-typecheck
+    return ("tuple", tuple(static_value_key(item) for item in value))
+  return (type(value), value)
+
+
 def function_key(fun):
   """A hashable key equal for functions that compute the same, or None.
 

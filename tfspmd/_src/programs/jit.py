@@ -31,6 +31,7 @@ from tensorflow.experimental import dtensor
 
 from tfspmd._src.arguments import arguments
 from tfspmd._src.arguments import transfers
+from tfspmd._src.core import function_keys
 from tfspmd._src.core import lru
 from tfspmd._src.core import tf_internal
 from tfspmd._src.core import trace_context
@@ -214,7 +215,10 @@ class JittedFunction:
     tensors = [value._wide_value(  # pylint: disable=protected-access
         value.placement) if is_wide else value.dtensor_value
                for value, is_wide in zip(placed, wide)]
-    key = (treedef, static_values, static_kwargs, wide, tuple(
+    static_key = tuple(
+        (where, function_keys.static_value_key(value))
+        for where, value in static_values + static_kwargs)
+    key = (treedef, static_key, wide, tuple(
         (tuple(v.shape), v.dtype) for v in placed), mesh.mesh_key)
     program = self._functions.get(key)
     if program is None:
