@@ -130,6 +130,13 @@ PLACEHOLDERS = [
      "the dtypes); the other process may get RuntimeError \"... was "
      "cancelled: a collective of it failed in another process first\". "
      "Restart every process"),
+    (PROCESSES, "processes passing multihost_utils.process_allgather or "
+     "broadcast_one_to_all other tree structures, shapes or dtypes",
+     "ValueError in every process: \"process_allgather: process 1 passes "
+     "in_tree['w'] of shape (2,) and dtype float32, where process 0 passes "
+     "shape (2,) and dtype int32; every process must pass process_allgather "
+     "the same tree structure, and leaves of the same shapes and dtypes (pad "
+     "to one shape, cast to one dtype).\""),
     (PROCESSES, "a process finishes its program without a pmap the others "
      "call", "the others' call raises tfspmd.distributed.PeerFailedError "
      "\"process 1 (...) finished its program while process 0 waited on it "

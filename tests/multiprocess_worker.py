@@ -321,6 +321,26 @@ def shard_map_processes():
   attempt("multihost/sync", lambda: [hosts.sync_global_devices("here"), 1][1])
   attempt("multihost/sync_differs",
           lambda: hosts.sync_global_devices(f"barrier {me}"))
+  # Leaves of other shapes, dtypes or trees in the two processes.
+  attempt("multihost/other_dtypes", lambda: hosts.process_allgather(
+      {"w": np.ones(2, [np.int32, np.float32][me])})["w"])
+  attempt("multihost/other_shapes", lambda: hosts.process_allgather(
+      [np.zeros(2), np.zeros(2 + me)]))
+  attempt("multihost/other_trees", lambda: list(hosts.process_allgather(
+      {"ab"[me]: np.zeros(2)}).values()))
+  attempt("multihost/broadcast_other_shapes", lambda: hosts.broadcast_one_to_all(
+      np.zeros((2, 1 + me), np.float32)))
+  attempt("multihost/after_mismatch", lambda: hosts.process_allgather(
+      np.int32(me)))
+  bfloat16 = tf.bfloat16.as_numpy_dtype
+  gathered = {}
+  attempt("multihost/bfloat16", lambda: gathered.setdefault(
+      "x", hosts.process_allgather(np.array([me + 0.5, 1.25], bfloat16))
+  ).astype(np.float32))
+  report["multihost/bfloat16_dtype"] = str(getattr(gathered.get("x"),
+                                                   "dtype", None))
+  attempt("multihost/broadcast_bfloat16", lambda: hosts.broadcast_one_to_all(
+      np.array([me + 0.5], bfloat16), is_source=me == 1).astype(np.float32))
   attempt("multihost/round_trip", lambda: hosts.global_array_to_host_local_array(
       hosts.host_local_array_to_global_array(rows, grid, P("p", "d")), grid,
       P("p", "d")))

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfspmd
 from tfspmd._src.multiprocess import rendezvous
@@ -703,6 +704,44 @@ def test_multihost_utils_gather_broadcast_and_wait_across_processes(
         f"[{1 - k}] reached a barrier of another name")
     np.testing.assert_allclose(report["multihost/round_trip"],
                                x[8 * k:8 * k + 8])
+
+
+def test_multihost_utils_name_the_leaf_processes_pass_otherwise(
+    shard_map_reports):
+  # Values cross as raw bytes: a leaf of another dtype, shape or tree in
+  # one process is an error in every process, not bytes reinterpreted.
+  dtypes = ["int32", "float32"]
+  for k, report in enumerate(shard_map_reports):
+    other = 1 - k
+    assert report["multihost/other_dtypes"] == (
+        f"ValueError: process_allgather: process {other} passes "
+        f"in_tree['w'] of shape (2,) and dtype {dtypes[other]}, where "
+        f"process {k} passes shape (2,) and dtype {dtypes[k]}; every process "
+        f"must pass process_allgather the same tree structure, and leaves of "
+        f"the same shapes and dtypes (pad to one shape, cast to one dtype).")
+    assert report["multihost/other_shapes"].startswith(
+        f"ValueError: process_allgather: process {other} passes in_tree[1] "
+        f"of shape ({2 + other},) and dtype float64, where process {k} "
+        f"passes shape ({2 + k},) and dtype float64;")
+    assert report["multihost/other_trees"].startswith(
+        f"ValueError: process_allgather: process {other} passes a tree of "
+        f"structure PyTreeSpec({{'{'ab'[other]}': *}}), where process {k} "
+        f"passes PyTreeSpec({{'{'ab'[k]}': *}});")
+    assert report["multihost/broadcast_other_shapes"].startswith(
+        f"ValueError: broadcast_one_to_all: process {other} passes in_tree "
+        f"of shape (2, {1 + other}) and dtype float32, where process {k} "
+        f"passes shape (2, {1 + k}) and dtype float32;")
+    assert report["multihost/after_mismatch"] == [0, 1]
+
+
+def test_multihost_utils_exchange_bfloat16(shard_map_reports):
+  bfloat16 = tf.bfloat16.as_numpy_dtype
+  expected = np.array([[0.5, 1.25], [1.5, 1.25]], bfloat16)
+  for report in shard_map_reports:
+    assert report["multihost/bfloat16_dtype"] == "bfloat16"
+    np.testing.assert_array_equal(report["multihost/bfloat16"],
+                                  expected.astype(np.float32))
+    assert report["multihost/broadcast_bfloat16"] == [1.5]
 
 
 def test_a_shard_map_result_not_split_over_processes_is_whole_everywhere(

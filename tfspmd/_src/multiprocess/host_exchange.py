@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
 from tfspmd._src.arguments import global_arrays
 from tfspmd._src.arguments import transfers
@@ -44,13 +46,12 @@ def _gather_processes(block):
   return gather.all_gather(block, _PROCESSES, tiled=True)
 
 
-def _all_processes(values):
-  """`values` (this process's NumPy arrays) of every process, each stacked.
+def _exchanged(raw):
+  """`raw` (bytes, as long in every process) of every process, in order.
 
-  They cross as one buffer of their bytes, padded to a power of two of
-  words: one collective for them all, traced for few sizes.
+  They cross padded to a power of two of words, so that the collective is
+  traced for few sizes.
   """
-  raw = b"".join(np.ascontiguousarray(value).tobytes() for value in values)
   words = max(_MIN_WORDS, 1 << max(0, -(-len(raw) // 4) - 1).bit_length())
   buffer = np.zeros(words, np.int32)
   buffer.view(np.uint8)[:len(raw)] = np.frombuffer(raw, np.uint8)
@@ -60,15 +61,92 @@ def _all_processes(values):
   gathered = np.asarray(shard_map_lib.shard_map(
       _gather_processes, mesh=mesh, in_specs=PartitionSpec(_PROCESSES),
       out_specs=PartitionSpec())(stacked))
+  return [row[:len(raw)].tobytes()
+          for row in gathered.view(np.uint8).reshape(len(gathered), -1)]
+
+
+def _all_processes(values):
+  """`values` (this process's NumPy arrays) of every process, each stacked.
+
+  They cross as one buffer of their bytes: one collective for them all.
+  The processes have checked that they pass the same shapes and dtypes
+  (`_check_same_leaves`), so every buffer is as long.
+  """
+  every = _exchanged(b"".join(np.ascontiguousarray(value).tobytes()
+                              for value in values))
   results, offset = [], 0
-  every = gathered.view(np.uint8).reshape(len(gathered), -1)
   for value in values:
     size = value.nbytes
     results.append(np.stack([
-        np.frombuffer(row[offset:offset + size].tobytes(),
-                      value.dtype).reshape(value.shape) for row in every]))
+        np.frombuffer(row[offset:offset + size], value.dtype).reshape(
+            value.shape) for row in every]))
     offset += size
   return results
+
+
+def _host_arrays(leaves):
+  """Each leaf as a NumPy array, None for an array over several processes."""
+  return [None if _spans_processes(leaf) else
+          np.asarray(transfers.device_get(leaf)) for leaf in leaves]
+
+
+def _describe(leaf, array):
+  """`[shape, dtype]` of a leaf as exchanged, for the processes to compare.
+
+  A `ShardedArray` over several processes' devices (`array` None) is
+  described by its dtype alone: its shape is this process's part.
+  """
+  if array is None:
+    return [None, f"{leaf.dtype.name} (an array over several processes)"]
+  return [list(array.shape), str(array.dtype)]
+
+
+def _check_same_leaves(function, treedef, leaves, arrays, paths):
+  """Raises in every process if the processes pass other trees or leaves.
+
+  Their values cross as raw bytes, so a leaf of another shape or dtype in
+  one process would reach the others cut, padded or reinterpreted. Each
+  process first exchanges a digest of its tree and its leaves' shapes and
+  dtypes (one small collective); only where they differ do the
+  descriptions themselves cross, for the message.
+  """
+  if devices_lib.process_count() == 1:
+    return
+  mine = {"tree": str(treedef),
+          "leaves": [[path, *_describe(leaf, array)]
+                     for leaf, array, path in zip(leaves, arrays, paths)]}
+  text = json.dumps(mine).encode()
+  digest = np.frombuffer(hashlib.sha256(text).digest()[:8], np.int64)
+  heads = [np.frombuffer(row, np.int64) for row in _exchanged(
+      np.array([digest[0], len(text)], np.int64).tobytes())]
+  if all(head[0] == digest[0] for head in heads):
+    return
+  longest = max(int(head[1]) for head in heads)
+  theirs = [json.loads(row[:int(head[1])]) for row, head in zip(
+      _exchanged(text.ljust(longest)), heads)]
+  me = devices_lib.process_index()
+  other = next(k for k, description in enumerate(theirs)
+               if description != mine)
+  advice = (f"every process must pass {function} the same tree structure, "
+            f"and leaves of the same shapes and dtypes")
+  if theirs[other]["tree"] != mine["tree"] or len(
+      theirs[other]["leaves"]) != len(mine["leaves"]):
+    raise ValueError(
+        f"{function}: process {other} passes a tree of structure "
+        f"{theirs[other]['tree']}, where process {me} passes "
+        f"{mine['tree']}; {advice}.")
+  for (path, shape, dtype), (_, their_shape, their_dtype) in zip(
+      mine["leaves"], theirs[other]["leaves"]):
+    if (shape, dtype) != (their_shape, their_dtype):
+      raise ValueError(
+          f"{function}: process {other} passes {path} of shape "
+          f"{_shape(their_shape)} and dtype {their_dtype}, where process "
+          f"{me} passes shape {_shape(shape)} and dtype {dtype}; {advice} "
+          f"(pad to one shape, cast to one dtype).")
+
+
+def _shape(shape):
+  return "(its part)" if shape is None else str(tuple(shape))
 
 
 def _spans_processes(leaf):
@@ -76,10 +154,19 @@ def _spans_processes(leaf):
       {device.process_index for device in leaf.placement.devices}) > 1
 
 
-def _host_value(leaf, path, function):
-  value = transfers.device_get(leaf)
-  array = np.asarray(value)
-  if array.dtype.kind not in "biufc":
+def _is_numeric(dtype):
+  """Whether `dtype` is of numbers or bools (bfloat16 and ml_dtypes' too)."""
+  if dtype.kind in "biufc":
+    return True
+  try:
+    return tf.as_dtype(dtype).is_numeric
+  except TypeError:
+    return False
+
+
+def _checked(array, leaf, path, function):
+  """`array`, the host value of `leaf`, if of numbers or bools."""
+  if not _is_numeric(array.dtype):
     raise TypeError(f"{function}: {path} is {type(leaf).__name__} of dtype "
                     f"{array.dtype}; give arrays of numbers or bools.")
   return array
@@ -103,7 +190,9 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
     tiled).
 
   Raises:
-    ValueError: If `tiled` and a leaf is a scalar.
+    ValueError: If `tiled` and a leaf is a scalar, or, in every process, if
+      the processes pass other tree structures, shapes or dtypes (the
+      message names the process and the leaf).
 
   Example:
     >>> import numpy as np
@@ -116,13 +205,15 @@ def process_allgather(in_tree: Any, tiled: bool = False) -> Any:
     raise TypeError(f"{function}: `tiled` must be a bool, got {tiled!r}.")
   leaves, treedef = tree.flatten(in_tree)
   paths = tree.leaf_paths(in_tree, "in_tree")
+  arrays = _host_arrays(leaves)
+  _check_same_leaves(function, treedef, leaves, arrays, paths)
   results, local = [None] * len(leaves), {}
-  for position, (leaf, path) in enumerate(zip(leaves, paths)):
-    if _spans_processes(leaf):
+  for position, (leaf, array, path) in enumerate(zip(leaves, arrays, paths)):
+    if array is None:
       results[position] = np.asarray(transfers.device_put(
           leaf, NamedSharding(leaf.sharding.mesh, PartitionSpec())))
       continue
-    value = _host_value(leaf, path, function)
+    value = _checked(array, leaf, path, function)
     if tiled and value.ndim == 0:
       raise ValueError(
           f"{function}: {path} is a scalar, which tiled=True cannot "
@@ -148,6 +239,11 @@ def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:
   Returns:
     `in_tree` with NumPy arrays of the sources' values.
 
+  Raises:
+    ValueError: In every process, if the processes pass other tree
+      structures, shapes or dtypes (the message names the process and the
+      leaf), or if no process is the source.
+
   Example:
     >>> import numpy as np
     >>> from tfspmd.experimental import multihost_utils
@@ -162,8 +258,10 @@ def broadcast_one_to_all(in_tree: Any, is_source: bool | None = None) -> Any:
                     f"{is_source!r}.")
   leaves, treedef = tree.flatten(in_tree)
   paths = tree.leaf_paths(in_tree, "in_tree")
-  values = [_host_value(leaf, path, function)
-            for leaf, path in zip(leaves, paths)]
+  arrays = [np.asarray(transfers.device_get(leaf)) for leaf in leaves]
+  _check_same_leaves(function, treedef, leaves, arrays, paths)
+  values = [_checked(array, leaf, path, function)
+            for array, leaf, path in zip(arrays, leaves, paths)]
   flags, *gathered = _all_processes([np.bool_(is_source)] + values)
   if not flags.any():
     raise ValueError(f"{function}: no process has is_source=True; one "
