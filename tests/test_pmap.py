@@ -322,3 +322,13 @@ def test_a_zero_argument_pmap_prints_no_deprecation_warning():
   result = run_python(program, devices=None, TF_CPP_MIN_LOG_LEVEL="0")
   assert result.stdout.splitlines()[-1] == "[0 1 2 3]"
   assert "deprecat" not in result.stderr.lower()
+
+
+def test_numpy_bfloat16_arguments_are_mapped(each_executor):
+  # ml_dtypes' bfloat16 is of NumPy's kind "V", as untyped bytes are.
+  bfloat16 = tf.bfloat16.as_numpy_dtype
+  x = (np.arange(16, dtype=np.float32) / 4).reshape(8, 2).astype(bfloat16)
+  out = tfspmd.pmap(lambda v: v * 2)(x)
+  assert out.dtype == tf.bfloat16
+  np.testing.assert_array_equal(np.asarray(out).astype(np.float32),
+                                (x * bfloat16(2)).astype(np.float32))

@@ -82,16 +82,18 @@ def to_array_leaf(leaf, path):
           f"position in static_broadcasted_argnums to pass it as a "
           f"compile-time constant.")
     value = _python_number(leaf, dtype, path)
-  if isinstance(value, np.ndarray) and value.dtype.kind not in "biufc":
+  if isinstance(value, np.ndarray) and value.dtype.kind in "OUSMm":
     # NumPy's object, str, bytes and datetime arrays: tf.as_dtype calls an
     # object array a string one.
-    dtype, name = None, _NUMPY_KIND_NAMES.get(value.dtype.kind, str(value.dtype))
+    dtype, name = None, _NUMPY_KIND_NAMES[value.dtype.kind]
   else:
+    # bfloat16 (ml_dtypes) is of NumPy's kind "V", as an untyped void is.
     try:
       dtype = tf.as_dtype(value.dtype)
     except TypeError:
       dtype = None
-    name = dtype.name if dtype is not None else str(value.dtype)
+    name = dtype.name if dtype is not None else _NUMPY_KIND_NAMES.get(
+        value.dtype.kind, str(value.dtype))
   if dtype is None or dtype.is_quantized or not (dtype.is_numeric or
                                                   dtype.is_bool):
     raise TypeError(
