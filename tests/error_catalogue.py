@@ -86,9 +86,18 @@ SHARDINGS = "Shardings and device_put"
 CHECKPOINTS = "Adapters: checkpoints"
 KERAS = "Adapters: Keras and tf.data"
 
-# Mistakes whose errors need several real processes, listed in the doc so
-# that it is the one place to look; tests/test_multiprocess.py raises each.
+# Mistakes whose errors need several real processes or a fresh one, listed
+# in the doc so that it is the one place to look; tests/test_multiprocess.py
+# (tests/test_devices.py for a fresh process) raises each.
 PLACEHOLDERS = [
+    (DEVICES, "import tfspmd with TFSPMD_NUM_CPU_DEVICES=8 after a "
+     "TensorFlow op ran, the CPU not split into 8 logical devices",
+     "RuntimeError at the import: \"TFSPMD_NUM_CPU_DEVICES=8 is set, but "
+     "TensorFlow started its devices before tfspmd was imported, with 1 "
+     "logical CPU device(s), and cannot split the CPU any more. Import "
+     "tfspmd before any TensorFlow op runs, or split the CPU yourself before "
+     "the first op: tf.config.set_logical_device_configuration(...)\"; "
+     "where the CPU was split into 8 already, the import takes those"),
     (PROCESSES, "a process of the cluster never starts",
      "the others' initialize() raises TimeoutError naming it and its address "
      "after initialization_timeout (docs/multiprocess.md, Faults and "

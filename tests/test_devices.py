@@ -52,6 +52,34 @@ def _run(code, **env):
                     cwd=os.path.dirname(os.path.dirname(__file__)), **env)
 
 
+def test_importing_tfspmd_after_tensorflow_started_its_devices():
+  # The user split the CPU into the logical devices the variable names:
+  # tfspmd takes them.
+  split = _run(
+      "import tensorflow as tf\n"
+      "tf.config.set_logical_device_configuration("
+      "tf.config.list_physical_devices('CPU')[0],"
+      " [tf.config.LogicalDeviceConfiguration()] * 8)\n"
+      "tf.constant(1.)\n"
+      "import tfspmd\n"
+      "print(tfspmd.device_count(), tfspmd.pmap(lambda v: v * 2)("
+      "tf.range(8)).numpy().tolist())", TFSPMD_NUM_CPU_DEVICES="8")
+  assert split.returncode == 0, split.stderr[-3000:]
+  assert split.stdout.split("\n")[0] == "8 [0, 2, 4, 6, 8, 10, 12, 14]"
+  # Nobody split it: the message says why the variable set did not apply.
+  late = _run("import tensorflow as tf; tf.constant(1.); import tfspmd",
+              TFSPMD_NUM_CPU_DEVICES="8")
+  assert late.returncode != 0
+  assert (
+      "RuntimeError: TFSPMD_NUM_CPU_DEVICES=8 is set, but TensorFlow started "
+      "its devices before tfspmd was imported, with 1 logical CPU device(s), "
+      "and cannot split the CPU any more. Import tfspmd before any "
+      "TensorFlow op runs, or split the CPU yourself before the first op: "
+      "tf.config.set_logical_device_configuration(tf.config."
+      "list_physical_devices('CPU')[0], "
+      "[tf.config.LogicalDeviceConfiguration()] * 8).") in late.stderr
+
+
 def test_environment_variable_and_set_num_cpu_devices_in_a_fresh_process():
   result = _run(
       "import tfspmd; tfspmd.set_num_cpu_devices(3); "

@@ -96,7 +96,12 @@ def set_num_cpu_devices(count: int) -> None:
 
 
 def configure_from_environment():
-  """Applies `TFSPMD_NUM_CPU_DEVICES` if it is set."""
+  """Applies `TFSPMD_NUM_CPU_DEVICES` if it is set (when tfspmd is imported).
+
+  TensorFlow may have started its devices before tfspmd was imported: that
+  is fine where the user split the CPU into as many logical devices
+  themselves, and otherwise too late to split it.
+  """
   value = os.environ.get(NUM_CPU_DEVICES_ENV)
   if not value:
     return
@@ -106,6 +111,18 @@ def configure_from_environment():
     raise ValueError(
         f"{NUM_CPU_DEVICES_ENV} must be a positive integer, got {value!r}."
     ) from None
+  if tf_internal.devices_initialized() and count >= 1:
+    current = len(tf.config.list_logical_devices("CPU"))
+    if current != count:
+      raise RuntimeError(
+          f"{NUM_CPU_DEVICES_ENV}={count} is set, but TensorFlow started its "
+          f"devices before tfspmd was imported, with {current} logical CPU "
+          f"device(s), and cannot split the CPU any more. Import tfspmd "
+          f"before any TensorFlow op runs, or split the CPU yourself before "
+          f"the first op: tf.config.set_logical_device_configuration("
+          f"tf.config.list_physical_devices('CPU')[0], "
+          f"[tf.config.LogicalDeviceConfiguration()] * {count}).")
+    return
   set_num_cpu_devices(count)
 
 
