@@ -361,3 +361,38 @@ def dynamic_shape_in_tf_function():
   tf.function(lambda v: f(v), autograph=False,
               input_signature=[tf.TensorSpec([None], tf.float32)]
               ).get_concrete_function()
+
+
+@case("dynamic-slice-float-start", COLLECTIVES,
+      "lax.dynamic_slice with a float start", TypeError,
+      r"dynamic_slice: `start_indices`\[0\] has dtype float32, but start "
+      r"indices must be integers, as in jax.lax; round it and cast it first "
+      r"\(tf.cast\(tf.round\(start\), tf.int32\)\)")
+def dynamic_slice_float_start():
+  lax.dynamic_slice(np.arange(8.0), (1.0,), (2,))
+
+
+@case("dynamic-slice-bool-start", COLLECTIVES,
+      "lax.dynamic_slice with a bool tensor start inside a pmap", TypeError,
+      r"dynamic_slice: `start_indices`\[1\] has dtype bool, but start indices "
+      r"must be integers")
+def dynamic_slice_bool_start():
+  P(lambda x: lax.dynamic_slice(x, (0, x[0, 0] > 0), (1, 2)), "i")(
+      np.zeros((8, 2, 4)))
+
+
+@case("dynamic-slice-float-starts-tensor", COLLECTIVES,
+      "lax.dynamic_slice with one float64 tensor of starts", TypeError,
+      r"dynamic_slice: `start_indices` has dtype float64, but start indices "
+      r"must be integers")
+def dynamic_slice_float_starts_tensor():
+  lax.dynamic_slice(np.zeros((4, 4)), tf.constant([1.0, 2.0], tf.float64),
+                    (2, 2))
+
+
+@case("dynamic-slice-in-dim-float-start", COLLECTIVES,
+      "lax.dynamic_slice_in_dim with a NumPy float start", TypeError,
+      r"dynamic_slice_in_dim: `start_index` has dtype float64, but start "
+      r"indices must be integers")
+def dynamic_slice_in_dim_float_start():
+  lax.dynamic_slice_in_dim(np.arange(8.0), np.float64(1.5), 2)

@@ -8,7 +8,29 @@ that the slice fits.
 
 from collections.abc import Sequence
 
+import numpy as np
 import tensorflow as tf
+
+
+def _check_integer(start, function, name):
+  """Raises TypeError unless `start` is an integer, as `jax.lax` does.
+
+  TensorFlow would cast a float or bool start to an integer and slice
+  where the truncated value says.
+
+  Args:
+    start: A start index: a Python int, a NumPy or tensor integer.
+    function: The caller's name, for the message.
+    name: The argument's name, for the message.
+  """
+  if isinstance(start, (int, np.integer)) and not isinstance(start, bool):
+    return
+  dtype = tf.convert_to_tensor(start).dtype
+  if not dtype.is_integer:
+    raise TypeError(
+        f"{function}: {name} has dtype {dtype.name}, but start indices must "
+        f"be integers, as in jax.lax; round it and cast it first "
+        f"(tf.cast(tf.round(start), tf.int32)).")
 
 
 def dynamic_slice(operand: tf.Tensor, start_indices: Sequence,
@@ -29,6 +51,7 @@ def dynamic_slice(operand: tf.Tensor, start_indices: Sequence,
     A tensor of shape `slice_sizes`.
 
   Raises:
+    TypeError: If a start is not an integer (a float or a bool).
     ValueError: If the numbers of starts or sizes are not the operand's
       rank, or a size is negative or larger than its dimension.
 
@@ -46,10 +69,13 @@ def dynamic_slice(operand: tf.Tensor, start_indices: Sequence,
   sizes = [int(size) for size in slice_sizes]
   if isinstance(start_indices, (tf.Tensor, tf.Variable)) and (
       start_indices.shape.rank == 1):
+    _check_integer(start_indices, "dynamic_slice", "`start_indices`")
     starts = tf.unstack(start_indices,
                         num=start_indices.shape[0] or len(dims))
   else:
     starts = list(start_indices)
+    for axis, start in enumerate(starts):
+      _check_integer(start, "dynamic_slice", f"`start_indices`[{axis}]")
   if len(starts) != len(dims) or len(sizes) != len(dims):
     raise ValueError(
         f"dynamic_slice: `start_indices` ({len(starts)}) and `slice_sizes` "
@@ -86,6 +112,7 @@ def dynamic_slice_in_dim(operand: tf.Tensor, start_index: int | tf.Tensor,
     `operand` with `axis` cut to `slice_size`.
 
   Raises:
+    TypeError: If `start_index` is not an integer (a float or a bool).
     ValueError: If `axis` is out of range, or as `dynamic_slice`.
 
   Example:
@@ -101,6 +128,7 @@ def dynamic_slice_in_dim(operand: tf.Tensor, start_index: int | tf.Tensor,
         f"dynamic_slice_in_dim: `axis`={axis!r} is out of range for an "
         f"operand of rank {rank}.")
   axis %= rank
+  _check_integer(start_index, "dynamic_slice_in_dim", "`start_index`")
   starts = [0] * rank
   starts[axis] = start_index
   sizes = [tf.compat.dimension_value(d) if i != axis else slice_size
