@@ -353,8 +353,11 @@ def new_axis_on_replicated():
 
 @case("dynamic-shape-in-tf-function", OPS,
       "a pmap inside a tf.function whose mapped axis has an open size",
-      ValueError, r"pmap inside a tf.function maps axis 0 of args\[0\], of "
-      r"shape \(None,\), whose size is open \(None\)")
+      ValueError, r"pmap of .*<lambda> inside a tf.function maps axis 0 of "
+      r"args\[0\], of shape \(None,\), whose size is open \(None\): it is "
+      r"the number of devices, .* or where reduce_retracing=True opened a size "
+      r"that changed between calls. Give the size: an input_signature of "
+      r"tf.TensorSpec\(\[8\], tf.float32\) for this argument")
 def dynamic_shape_in_tf_function():
   f = P(lambda v: v)
   # No AutoGraph: it would prefix the message with a traceback of this file.

@@ -95,6 +95,34 @@ def test_an_open_mapped_axis_is_a_clear_error():
     g.get_concrete_function()
 
 
+def test_reduce_retracing_opening_the_mapped_axis_names_the_pmap_and_the_fix():
+  # A tf.function with reduce_retracing=True called with another mapped
+  # size traces again with that size open (None).
+  def total(v):
+    return lax.psum(v, "i")
+
+  summed = tfspmd.pmap(total, axis_name="i")
+
+  @tf.function(reduce_retracing=True, autograph=False)
+  def step(x):
+    return summed(x)
+
+  np.testing.assert_array_equal(step(np.ones((8, 2), np.float32)),
+                                np.full((8, 2), 8.0))
+  with pytest.raises(ValueError) as raised:
+    step(np.ones((4, 2), np.float32))
+  assert str(raised.value) == (
+      "pmap of test_reduce_retracing_opening_the_mapped_axis_names_the_pmap_"
+      "and_the_fix.<locals>.total inside a tf.function maps axis 0 of "
+      "args[0], of shape (None, 2), whose size is open (None): it is the "
+      "number of devices, which the program needs when it traces. The "
+      "tf.function leaves it open where its input_signature does, or where "
+      "reduce_retracing=True opened a size that changed between calls. "
+      "Give the size: an input_signature of tf.TensorSpec([8, 2], "
+      "tf.float32) for this argument (the other sizes may stay None), or no "
+      "reduce_retracing=True, so that each size traces its own program.")
+
+
 def test_a_sharded_array_given_to_a_users_function_stays_on_the_devices():
   double = tfspmd.pmap(lambda v: v * 2.)
   out = tfspmd.pmap(lambda v: v + 0.)(np.arange(8, dtype=np.float32))

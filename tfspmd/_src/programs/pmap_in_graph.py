@@ -39,7 +39,7 @@ def call(pmapped, args, kwargs):
     if isinstance(leaf, ShardedArray):
       leaf = leaf.dtensor_value
     value = arguments.traced_tensor(leaf, path)
-    _check_sizes(value.shape, path, axis, several)
+    _check_sizes(value, path, axis, several, options)
     # Through an Identity: DTensor's mesh propagation cannot follow a loop
     # variable of the user's loop (`tf.range`) into a loop of the program
     # ("Block argument must be enclosed by a function", TF 2.21), but
@@ -57,15 +57,18 @@ def call(pmapped, args, kwargs):
   return program.output_treedef.unflatten(list(outputs[:count]))
 
 
-def _check_sizes(shape, path, axis, several):
+def _check_sizes(value, path, axis, several, options):
   """Raises for sizes a program in the user's graph cannot leave open.
 
   In one process a per-device size may be open (None), as a serving
   `input_signature` leaves a batch size: the program's ops take it when the
   graph runs. The mapped axis is the devices' count, which must be known,
   and with several processes every size: the program lays its values out
-  over the processes' devices.
+  over the processes' devices. `tf.function(reduce_retracing=True)` opens
+  a size that changed between calls, the mapped one too, so its message
+  names both ways a size comes to be open.
   """
+  shape = value.shape
   if shape.rank is None:
     raise ValueError(
         f"pmap inside a tf.function needs the rank of its arguments, but "
@@ -77,10 +80,21 @@ def _check_sizes(shape, path, axis, several):
         f"processes, but {path} has shape {shape}; give the tf.function an "
         f"input_signature with full shapes, or call it with tensors of "
         f"fixed shape.")
-  if axis is not None and shape[axis if axis >= 0 else axis + shape.rank] is None:
+  if axis is None:
+    return
+  axis %= shape.rank
+  if shape[axis] is None:
+    sizes = shape.as_list()
+    sizes[axis] = (devices.local_device_count() if options.devices is None
+                   else sum(1 for d in options.devices
+                            if d.process_index == devices.process_index()))
     raise ValueError(
-        f"pmap inside a tf.function maps axis {axis} of {path}, of shape "
-        f"{shape}, whose size is open (None): it is the number of devices, "
-        f"which the program needs when it traces. Give it in the "
-        f"input_signature (e.g. [8, None, 3]); the other sizes may stay "
-        f"open.")
+        f"{pmap_trace.function_name(options)} inside a tf.function maps "
+        f"axis {axis} of {path}, of shape {shape}, whose size is open "
+        f"(None): it is the number of devices, which the program needs when "
+        f"it traces. The tf.function leaves it open where its "
+        f"input_signature does, or where reduce_retracing=True opened a "
+        f"size that changed between calls. Give the size: an "
+        f"input_signature of tf.TensorSpec({sizes}, tf.{value.dtype.name}) "
+        f"for this argument (the other sizes may stay None), or no "
+        f"reduce_retracing=True, so that each size traces its own program.")
