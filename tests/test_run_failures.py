@@ -5,6 +5,8 @@ crashed the process, TF 2.21), so each case runs in its own process and
 checks that the process ends normally.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -69,9 +71,11 @@ def test_a_failed_gather_in_a_loop_program_names_the_op_not_a_cancellation():
   lines = _run(loop=True, gather=True)
   assert len(lines) == 6
   for line in lines[0::3]:
-    assert line.startswith(
+    # Run as one function per device (before a failure), DTensor's error
+    # does not say which device failed.
+    assert re.match(
         "ERROR The function mapped over axis 'i' failed while it ran in the "
-        "op 'GatherV2_1': indices[0] = ")
+        r"op 'GatherV2_1'( on device [0-7])?: indices\[0\] = ", line), line
     assert "is not in [0, 3)" in line and "Cancel" not in line
     assert "function_node" not in line
   _check_later_calls(lines)
@@ -160,3 +164,68 @@ def test_a_failure_found_where_a_result_is_read_names_the_op():
       "ERROR A mapped function's program failed while it ran in the op "
       "'GatherV2_1': indices[0] = 100 is not in [0, 3)"), lines
   assert "function_node" not in lines[0] and "root error" not in lines[0]
+
+
+_INTEGER_FAILURES = """
+import numpy as np
+import tensorflow as tf
+import tfspmd
+from tfspmd import lax
+
+def zero_on(device):
+  return tf.cast(tf.where(lax.axis_index("i") == device, 0, 1), tf.{dtype})
+
+failing = {{
+    "floordiv": lambda v: v // zero_on(3),
+    "floormod": lambda v: tf.math.floormod(v, zero_on(5)),
+    "mod": lambda v: v % zero_on(2),
+    "pow": lambda v: tf.pow(v, 2 - 3 * (1 - zero_on(6))),
+    "loop": lambda v: tf.while_loop(
+        lambda k, w: k < 2, lambda k, w: (k + 1, w // zero_on(1)), (0, v))[1],
+    # The branch every device takes divides; device 4 by zero.
+    "cond": lambda v: tf.cond(tf.reduce_sum(v) > 0, lambda: v // zero_on(4),
+                              lambda: v),
+}}
+x = np.arange(8, dtype=np.{dtype}) + 5
+for name, function in failing.items():
+  try:
+    print(name, "RESULT", np.asarray(tfspmd.pmap(function, "i")(x)).tolist())
+  except tf.errors.InvalidArgumentError as e:
+    print(name, " ".join(str(e).split()))
+programs = [tfspmd.pmap(lambda v, k=k: v * 2 + k, "i") for k in range(4)]
+psum = tfspmd.pmap(lambda v: lax.psum(v, "i"), "i")
+results = []
+for call in range(100):
+  if call % 2:
+    results.append(np.asarray(psum(x)).tolist())
+  else:
+    results.append(np.asarray(programs[call % 4](x)).tolist())
+print("LATER", results)
+"""
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_an_integer_division_by_zero_raises_and_a_hundred_later_calls_run(
+    dtype):
+  # DTensor's executor took these ops for ones that cannot fail: the call
+  # returned, and the next call crashed the process.
+  lines = _run_source(_INTEGER_FAILURES.format(dtype=dtype))
+  division = "Integer division by zero"
+  expected = {
+      "floordiv": ("floordiv", 3, division),
+      "floormod": ("FloorMod", 5, division),
+      "mod": ("mod", 2, division),
+      "pow": ("Pow", 6, "Integers to negative integer powers are not allowed"),
+      "loop": ("while/floordiv", 1, division),
+      "cond": ("cond/floordiv", 4, division),
+  }
+  assert [line.split()[0] for line in lines] == list(expected) + ["LATER"]
+  for line, (name, (op, device, text)) in zip(lines, expected.items()):
+    assert line == (
+        f"{name} The function mapped over axis 'i' failed while it ran in the "
+        f"op {op!r} on device {device}: {text}. Later calls run as usual, and "
+        "arrays computed before stay valid."), line
+  x = np.arange(8) + 5
+  later = [[int(x.sum())] * 8 if call % 2 else (x * 2 + call % 4).tolist()
+           for call in range(100)]
+  assert lines[-1] == "LATER " + str(later)

@@ -90,6 +90,19 @@ def test_an_integer_division_by_zero_in_the_untaken_branch():
       np.asarray(remainder), [10 % (d - 5) if d < 4 else 0 for d in range(N)])
 
 
+def test_an_integer_to_a_negative_power_in_the_untaken_branch():
+  def power(x):
+    i = lax.axis_index("i")
+    return tf.cond(i < 4, lambda: tf.pow(x, 3 - i), lambda: x // (i - 3))
+
+  # Devices 4 to 7 would raise 2 to the powers -1 to -4 in the branch they
+  # do not take, and device 3 would divide by 0 in the other.
+  x = np.full(N, 2, np.int32)
+  np.testing.assert_array_equal(
+      run(power, x), [2 ** (3 - d) if d < 4 else 2 // (d - 3)
+                      for d in range(N)])
+
+
 def test_a_check_in_the_untaken_branch_does_not_fail():
   def inverse(x):
     del x

@@ -141,7 +141,7 @@ def run(program, values, axis_name):
     if explained is not None:
       raise explained from None
     dtensor_device.replace()
-    raise run_errors.failed_run(e, axis_name) from None
+    raise run_errors.failed_run(e, axis_name, program.mesh) from None
   outputs = _replay_effects(program, outputs, ShardedArray, axis_name)
   return [ShardedArray(value, placement, shape, dtype, wide=wide,
                        expanded=program.expanded)
@@ -163,7 +163,8 @@ def _run_on_host(program, values, axis_name):
     raise run_errors.failed_run(e, axis_name) from None
   if first_run:
     compile_log.compiled(program.name, program.signature,
-                         time.perf_counter() - start)
+                         time.perf_counter() - start,
+                         by_xla=executable.compiled_by_xla)
   outputs = _replay_effects(program, outputs, ShardedArray.on_host,
                             axis_name)
   return [ShardedArray.on_host(value, placement, shape, dtype)

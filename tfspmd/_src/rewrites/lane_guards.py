@@ -5,10 +5,11 @@ a select, and a loop whose trip count differs between devices runs until
 every device is done (`control_flow`). The ops of a branch a device does
 not take, and of the iterations it does not run, then compute on that
 device's values too, where a program running on the device would never
-run them: a gather or scatter index out of range there, or an integer
-division by zero, would fail the whole call. As JAX's vmap does, those ops
-get safe inputs at the positions that do not reach them (an index of 0, a
-divisor of 1); the positions that reach them keep their own inputs, so no
+run them: a gather or scatter index out of range there, an integer
+division by zero or an integer to a negative power, would fail the whole
+call. As JAX's vmap does, those ops get safe inputs at the positions that
+do not reach them (an index of 0, a divisor or an exponent of 1); the
+positions that reach them keep their own inputs, so no
 result a device keeps changes, and the select drops what the others
 computed. Prints and checks are kept to the devices that reach them by
 `side_effects`.
@@ -51,6 +52,8 @@ _SAFE_INPUTS = {
     "TruncateMod": {1: _DIVISOR},
     "Mod": {1: _DIVISOR},
     "Div": {1: _DIVISOR},
+    # An integer to a negative power fails; to the power 1 it cannot.
+    "Pow": {1: _DIVISOR},
 }
 GUARDED_TYPES = frozenset(_SAFE_INPUTS)
 
@@ -104,7 +107,8 @@ def guard(operation):
   """
   if operation.type not in GUARDED_TYPES:
     return
-  if operation.type in ("Div", "Mod") and not operation.outputs[0].dtype.is_integer:
+  if (operation.type in ("Div", "Mod", "Pow") and
+      not operation.outputs[0].dtype.is_integer):
     return
   converter = tf_internal.converter_of(operation)
   if converter is None:
