@@ -27,6 +27,22 @@ def test_one_step_is_one_call():
   np.testing.assert_array_equal(ys, [[5.], [5.]])
 
 
+def test_the_step_is_traced_once_whatever_the_steps():
+  traced = []
+
+  def step(total, v):
+    traced.append(total.shape)
+    return total + v, total
+
+  x = np.arange(12, dtype=np.float32).reshape(2, 3, 2)
+  total, ys = tfspmd.pmap(step, steps=3)(np.zeros((2, 2), np.float32), x)
+  np.testing.assert_array_equal(total, x.sum(1))
+  np.testing.assert_array_equal(
+      ys, np.stack([x[:, :t].sum(1) for t in range(3)], axis=1))
+  # One trace of the step serves every iteration of the loop.
+  assert len(traced) == 1, traced
+
+
 def test_data_parallel_regression_matches_numpy_training():
   rng = np.random.default_rng(0)
   devices, steps, batch = 8, 6, 4

@@ -78,31 +78,41 @@ def map_steps(fun, steps, *, frame_template, inputs, in_axes, paths,
       raise side_effects.steps_error(steps)
     return result.values[:carry_count], result.values[carry_count:], result
 
-  # The first step runs before the loop: its outputs give the shapes of the
-  # per-step output buffers.
-  carry, ys, first = one_step(tf.constant(0), fronted[:carry_count])
-  _check_carry(carry, fronted[:carry_count], paths)
-  buffers = [_write(tf.zeros([steps] + y.shape.as_list(), y.dtype), y, 0, steps)
-             for y in ys]
+  # The step is traced once, as a function the loop calls: its outputs'
+  # shapes make the per-step output buffers, and XLA compiles it once.
+  traced = []
+
+  def flat_step(t, *carry):
+    new_carry, ys, result = one_step(t, list(carry))
+    traced.append(result)
+    return list(new_carry) + list(ys)
+
+  step_function = tf.function(flat_step, autograph=False).get_concrete_function(
+      tf.TensorSpec([], tf.int32),
+      *[tf.TensorSpec.from_tensor(c) for c in fronted[:carry_count]])
+  outputs = step_function.outputs
+  _check_carry(outputs[:carry_count], fronted[:carry_count], paths)
+  buffers = [tf.zeros([steps] + y.shape.as_list(), y.dtype)
+             for y in outputs[carry_count:]]
 
   def body(t, carry, buffers):
     # Through an Identity: DTensor's mesh propagation cannot follow a loop
     # variable into a loop in the step ("Block argument must be enclosed by
     # a function", TF 2.21), but follows an op's result.
-    new_carry, ys, _ = one_step(tf.identity(t),
-                                [tf.identity(c) for c in carry])
+    values = step_function(tf.identity(t), *[tf.identity(c) for c in carry])
+    new_carry, ys = values[:carry_count], values[carry_count:]
     return (t + 1, new_carry,
             [_write(b, y, t, steps) for b, y in zip(buffers, ys)])
 
-  if steps > 1:
-    _, carry, buffers = tf.while_loop(
-        lambda t, *_: t < steps, body, (tf.constant(1), carry, buffers))
+  _, carry, buffers = tf.while_loop(
+      lambda t, *_: t < steps, body,
+      (tf.constant(0), fronted[:carry_count], buffers))
   # [step, device, ...] -> [device, step, ...]: the step axis is the first
   # per-device axis of each output.
   stacked = [tf.transpose(b, [1, 0] + list(range(2, b.shape.rank)))
              for b in buffers]
   return _apply_out_axes(out_axes, list(carry) + stacked,
-                         inner_axes[:carry_count], first, frame_template[1])
+                         inner_axes[:carry_count], traced[0], frame_template[1])
 
 
 def _step_slice_tracker(on_slice, inputs, in_axes, carry_count):
