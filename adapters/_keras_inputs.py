@@ -231,8 +231,9 @@ def prediction_inputs(x, batch_size):
           f"{called('predict')}: with a tf.data.Dataset, give no "
           "`batch_size`: the dataset's elements are the global batches.")
     tf_data.check_element_spec(x.element_spec, called("predict"), "x")
-    return x.map(lambda *element: (keras.utils.unpack_x_y_sample_weight(
-        element[0] if len(element) == 1 else element)[0],))
+    return tf_data.map_as_written(x, lambda *element: (
+        keras.utils.unpack_x_y_sample_weight(
+            element[0] if len(element) == 1 else element)[0],))
   if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
     raise ValueError(
         f"{called('predict')}: `batch_size` must be an int >= 1, got "
@@ -355,7 +356,7 @@ def _with_class_weights(dataset, class_weight, method):
     known = (classes >= 0) & (classes < last)
     return x, y, tf.gather(table, tf.where(known, classes, last))
 
-  return dataset.map(weighted)
+  return tf_data.map_as_written(dataset, weighted)
 
 
 def _length(name, value, method):

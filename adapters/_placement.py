@@ -10,7 +10,6 @@ first local devices, so pmap takes the arrays with no copy.
 import numpy as np
 
 import tfspmd
-from tfspmd._src.executors import dtensor_values  # pylint: disable=protected-access
 from tfspmd._src.programs import pmap_trace  # pylint: disable=protected-access
 from tfspmd._src.runtime import mesh as mesh_lib  # pylint: disable=protected-access
 from tfspmd._src.runtime import placement as placement_lib  # pylint: disable=protected-access
@@ -45,27 +44,19 @@ def placement(devices, rank, split):
   return pmap_trace.placement_for(mesh_key, tuple(spec))
 
 
-def pack(components, devices, split):
-  """A `ShardedArray` from one tensor per device.
+def place(whole, devices, split):
+  """The tensor `whole` on `devices`, as a `ShardedArray`.
 
   Args:
-    components: One tensor per device. Split: device i's block, whose first
-      axis is the device's share of axis 0. Replicated: the same value on
-      every device.
+    whole: The whole value. Split: its axis 0 has one entry per device
+      (or a multiple of that), device i getting the i-th share. Replicated:
+      every device holds all of it.
     devices: The devices, in order.
-    split: Whether the components are blocks of axis 0 (True) or copies.
-
-  Returns:
-    A `ShardedArray` of shape `(len(devices) * block rows, ...)` when split,
-    else the components' shape.
+    split: Whether axis 0 is split over the devices (True) or every device
+      holds the whole value.
   """
-  first = components[0]
-  shape = first.shape.as_list()
-  if split:
-    shape[0] *= len(devices)
-  where = placement(devices, len(shape), split)
-  value = dtensor_values.pack(list(components), where.layout)
-  return tfspmd.ShardedArray(value, where, shape, first.dtype)
+  where = placement(devices, whole.shape.rank, split)
+  return tfspmd.ShardedArray.from_whole(whole, where)
 
 
 def is_replicated(array):

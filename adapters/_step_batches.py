@@ -63,7 +63,7 @@ def device_batches(dataset, num_devices, remainder, steps_per_call,
               f"sizes that are multiples of {multiple} (a short last batch "
               f"can be dropped with dataset.batch(n, drop_remainder=True)).")
   return tf_data.DeviceBatches(
-      dataset.map(keyed), num_devices=num_devices,
+      tf_data.map_as_written(dataset, keyed), num_devices=num_devices,
       steps_per_call=steps_per_call, remainder="error",
       buffer_size=tf_data.DEFAULT_BUFFER_SIZE, process_index=None,
       process_count=None, undivided_advice=advice)
@@ -90,7 +90,8 @@ def prediction_batches(dataset, num_devices):
     batch["rows"] = rows
     return batch
 
-  return tf_data.device_batches(dataset.map(keyed), num_devices=num_devices)
+  return tf_data.device_batches(tf_data.map_as_written(dataset, keyed),
+                                num_devices=num_devices)
 
 
 def unpack(batch):

@@ -271,9 +271,11 @@ class KerasTrainer:
     if isinstance(value, tfspmd.ShardedArray) and _placement.is_replicated(
         value) and value.devices() == tuple(self.devices):
       return value
-    array = tf.convert_to_tensor(np.asarray(value))
-    return _placement.pack([array] * len(self.devices), self.devices,
-                           split=False)
+    if isinstance(value, tfspmd.ShardedArray):
+      value = np.asarray(value)
+    # A variable is read as a tensor, with no copy through NumPy.
+    return _placement.place(tf.convert_to_tensor(value), self.devices,
+                            split=False)
 
   # --- fit and evaluate ------------------------------------------------------
 
@@ -510,7 +512,7 @@ class KerasTrainer:
     if self._test_call is None:
       self._test_call = tfspmd.pmap(
           self._test_step, self.axis_name, in_axes=(None, None, None, 0),
-          out_axes=None)
+          out_axes=None, jit_compile=self._jit_compile())
     callback_list.on_test_begin()
     for step, batch in enumerate(batches):
       callback_list.on_test_batch_begin(step)
@@ -562,7 +564,8 @@ class KerasTrainer:
                             model.non_trainable_variables))
     if self._predict_call is None:
       self._predict_call = tfspmd.pmap(
-          self._predict_step, self.axis_name, in_axes=(None, None, 0))
+          self._predict_step, self.axis_name, in_axes=(None, None, 0),
+          jit_compile=self._jit_compile())
     callback_list = _callback_list(callbacks, verbose, dataset, model)
     callback_list.on_predict_begin()
     outputs = []
@@ -582,9 +585,18 @@ class KerasTrainer:
     call = self._train_calls.get(steps)
     if call is None:
       call = tfspmd.pmap(self._train_step, self.axis_name, in_axes=(None, 0),
-                         out_axes=(None, 0), steps=steps)
+                         out_axes=(None, 0), steps=steps,
+                         jit_compile=self._jit_compile())
       self._train_calls[steps] = call
     return call
+
+  def _jit_compile(self):
+    """Whether XLA compiles the steps: the model's own `jit_compile`.
+
+    As in `fit`: Keras' default ('auto') is False on a machine with only
+    CPUs, where XLA's compile costs more than it saves for most models.
+    """
+    return bool(self.model.jit_compile)
 
   # --- the per-device steps ---------------------------------------------------
 

@@ -5,14 +5,16 @@ weights, trained by `model.fit` on one device with the same data in the same
 order, batch = the global batch.
 """
 
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import keras
+import tfspmd
 from tfspmd.adapters import keras_training
 
-from executors import as_the_program_runs
 
 FEATURES, CLASSES, EXAMPLES, BATCH = 6, 3, 192, 32
 
@@ -76,6 +78,38 @@ def test_mlp_equals_one_device_keras_fit_after_3_epochs(optimizer,
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5,
                                atol=1e-6)
   assert history["loss"][-1] < history["loss"][0]
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_the_steps_are_compiled_by_xla_as_the_model_says(jit_compile,
+                                                         caplog):
+  # Keras' own default on a machine with only CPUs is no XLA.
+  assert not mlp("sgd").jit_compile
+  x, y = data()
+  weights = initial_weights()
+  reference = mlp(OPTIMIZERS["adam"](), weights=weights)
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False,
+                           verbose=0).history
+  model = mlp(OPTIMIZERS["adam"](), weights=weights)
+  model.jit_compile = jit_compile
+  caplog.set_level(logging.WARNING, logger="tfspmd")
+  tfspmd.config.update("tfspmd_log_compiles", True)
+  try:
+    history = keras_training.KerasTrainer(model).fit(
+        x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+  finally:
+    tfspmd.config.update("tfspmd_log_compiles", False)
+  np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
+  for got, want in zip(model.get_weights(), reference.get_weights()):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  first_runs = [r.getMessage() for r in caplog.records
+                if "KerasTrainer._train_step for" in r.getMessage() and
+                not r.getMessage().startswith("tfspmd: traced")]
+  on_host = tfspmd.config.tfspmd_executor != "dtensor"
+  assert len(first_runs) == 1, first_runs
+  assert first_runs[0].startswith(
+      "tfspmd: ran op by op, without XLA," if on_host and not jit_compile
+      else "tfspmd: lowered, compiled and ran"), first_runs
 
 
 def test_repeated_shuffled_dataset_with_sample_weights_equals_keras_fit():
@@ -305,8 +339,9 @@ def test_dropout_draws_a_different_mask_on_each_device():
         loss = tf.reduce_mean(tf.square(out))
       return out, tape.gradient(loss, reference.trainable_variables)[0]
 
-    # The draws of the program's executor (XLA's on the host).
-    out, grad = as_the_program_runs(forward_and_gradient)(rows)
+    # TensorFlow's kernels draw: the model, as Keras compiles it on a
+    # machine of CPUs, is not compiled by XLA.
+    out, grad = forward_and_gradient(rows)
     grads.append(grad.numpy())
     outputs.append(out.numpy())
   assert len({o.tobytes() for o in outputs}) == 8

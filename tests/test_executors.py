@@ -81,6 +81,60 @@ def test_a_program_xla_cannot_compile_runs_op_by_op_and_says_so(
   assert "__inference" not in refused[0]
 
 
+def _loop_of_sums(x):
+  total = tf.while_loop(lambda k, _: k < 3,
+                        lambda k, acc: (k + 1, acc + lax.psum(x, "i")),
+                        (0, tf.zeros_like(x)))[1]
+  return total, lax.all_gather(x, "i", tiled=True)
+
+
+def test_jit_compile_false_runs_op_by_op_with_the_same_numbers(
+    each_executor, caplog):
+  tfspmd.config.update("tfspmd_log_compiles", True)
+  caplog.set_level(logging.WARNING, logger="tfspmd")
+  x = np.arange(N * 2, dtype=np.float32).reshape(N, 2)
+  try:
+    total, gathered = tfspmd.pmap(_loop_of_sums, "i", jit_compile=False)(x)
+  finally:
+    tfspmd.config.update("tfspmd_log_compiles", False)
+  np.testing.assert_allclose(total, np.broadcast_to(3 * x.sum(0), x.shape))
+  np.testing.assert_array_equal(gathered, np.broadcast_to(x.ravel(),
+                                                          (N, N * 2)))
+  first_runs = [r.getMessage() for r in caplog.records
+                if "pmap of _loop_of_sums for" in r.getMessage() and
+                not r.getMessage().startswith("tfspmd: traced")]
+  on_host = each_executor == "host"
+  assert len(first_runs) == 1, first_runs
+  assert first_runs[0].startswith(
+      "tfspmd: ran op by op, without XLA, pmap of" if on_host else
+      "tfspmd: lowered, compiled and ran pmap of"), first_runs
+
+
+def test_jit_compile_is_a_bool():
+  with pytest.raises(TypeError, match=r"pmap: `jit_compile` must be True or "
+                     r"False, got str 'auto'"):
+    tfspmd.pmap(lambda v: v, jit_compile="auto")
+
+
+@pytest.mark.parametrize("spec", [(None, None), ("d", None)])
+def test_an_array_made_from_host_data_is_held_as_its_executor_holds_it(
+    each_executor, spec):
+  from tfspmd._src.runtime import placement as placement_lib  # pylint: disable=g-import-not-at-top
+  from tfspmd._src.runtime import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  devices = tuple(tfspmd.local_devices())
+  placement = placement_lib.Placement(
+      mesh_lib.MeshKey(("d",), (N,), devices), spec)
+  x = np.arange(N * 3, dtype=np.float32).reshape(N, 3)
+  array = tfspmd.ShardedArray.from_whole(tf.constant(x), placement)
+  on_host = each_executor == "host"
+  assert (array._held_on_host() is not None) == on_host  # pylint: disable=protected-access
+  np.testing.assert_array_equal(array, x)
+  for k, shard in enumerate(array.addressable_shards):
+    assert shard.data.device.endswith(f"CPU:{k}")
+    np.testing.assert_array_equal(shard.data, x[k:k + 1] if spec[0] else x)
+  np.testing.assert_array_equal(tfspmd.pmap(lambda v: v * 2.)(array), x * 2.)
+
+
 def test_auto_runs_cpu_meshes_of_one_process_on_the_host(monkeypatch):
   values = dict(tfspmd.config._values)  # pylint: disable=protected-access
   monkeypatch.setattr(tfspmd.config, "_values", values)

@@ -80,9 +80,15 @@ def traced(owner, name, signature, seconds):
         describe_arguments(_as_shown(signature)))
 
 
-def compiled(name, signature, seconds):
-  """Records a program's first run: its lowering, compile and run."""
+def compiled(name, signature, seconds, by_xla=True):
+  """Records a program's first run: its lowering, compile and run.
+
+  `by_xla` False: the program ran through TensorFlow's kernels op by op
+  (a pmap's `jit_compile=False`, or a program XLA refused).
+  """
   if config.tfspmd_log_compiles:
     logger.warning(
-        "tfspmd: lowered, compiled and ran %s for (%s) in %.3f s", name,
+        "tfspmd: %s %s for (%s) in %.3f s",
+        "lowered, compiled and ran" if by_xla else
+        "ran op by op, without XLA,", name,
         describe_arguments(_as_shown(signature)), seconds)

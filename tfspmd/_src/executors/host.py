@@ -38,18 +38,25 @@ class HostExecutable:
       function, traced on `device` with the whole arrays' shapes.
     device: TensorFlow's name of the host device it runs on.
     name: The program as messages name it ('pmap of step').
+    xla: False to run the program op by op from the start (a pmap's
+      `jit_compile=False`).
 
   Attributes:
     compiled_by_xla: None before the first run, then whether XLA compiled
       the program (False: it runs op by op, `tf_internal.without_xla`).
   """
 
-  def __init__(self, concrete, device, name):
+  def __init__(self, concrete, device, name, xla=True):
     self._concrete = concrete
     self._device = device
     self._name = name
-    self._call = tf_internal.plain_caller(concrete)
-    self.compiled_by_xla = None
+    if xla:
+      self._call = tf_internal.plain_caller(concrete)
+      self.compiled_by_xla = None
+    else:
+      self._call = tf_internal.plain_caller(
+          tf_internal.without_xla(concrete))
+      self.compiled_by_xla = False
 
   @property
   def device(self):

@@ -15,6 +15,17 @@ HOST = "host"
 DTENSOR = "dtensor"
 
 
+def holds_on_host(platforms, process_count):
+  """Whether arrays on devices of `platforms` are held whole on the host.
+
+  They are where the host executor runs their programs; unlike
+  `executor_for`, this never raises: an array may be made before its
+  program is known.
+  """
+  return config.tfspmd_executor != DTENSOR and process_count == 1 and all(
+      p == "cpu" for p in platforms)
+
+
 def executor_for(platforms, process_count, what):
   """`HOST` or `DTENSOR`: the executor of a program over devices of `platforms`.
 
@@ -27,13 +38,9 @@ def executor_for(platforms, process_count, what):
     ValueError: If `tfspmd_executor` is 'host' and the mesh is not one of
       CPU devices in one process.
   """
-  setting = config.tfspmd_executor
-  if setting == DTENSOR:
-    return DTENSOR
-  on_host = process_count == 1 and all(p == "cpu" for p in platforms)
-  if on_host:
+  if holds_on_host(platforms, process_count):
     return HOST
-  if setting == HOST:
+  if config.tfspmd_executor == HOST:
     where = (f"{process_count} processes" if process_count > 1 else
              f"devices of {sorted(set(platforms))}")
     raise ValueError(

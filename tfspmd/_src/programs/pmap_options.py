@@ -33,6 +33,7 @@ class PmapOptions:
     backend: The backend asked for, or None.
     donate_argnums: Positions of donated arguments.
     debug: Whether the pmap runs in debug mode.
+    jit_compile: Whether the host executor compiles the program with XLA.
     level: For the pmap of a shard_map's mesh axis, its `ShardMapLevel`;
       None for a plain pmap.
   """
@@ -46,6 +47,7 @@ class PmapOptions:
   donate_argnums: tuple[int, ...]
   debug: bool
   level: ShardMapLevel | None
+  jit_compile: bool = True
 
   @property
   def mesh_dim(self):
@@ -135,7 +137,7 @@ class ShardMapLevel:
 def checked_options(fun, *, axis_name, in_axes=0, out_axes=0,
                     static_broadcasted_argnums=(), devices=None, backend=None,
                     axis_size=None, donate_argnums=(), steps=None, debug=False,
-                    level=None):
+                    level=None, jit_compile=True):
   """`PmapOptions` from `pmap`'s arguments, or the error naming the bad one.
 
   `level` is given by shard_map only, for the pmap of one of its mesh axes.
@@ -146,6 +148,10 @@ def checked_options(fun, *, axis_name, in_axes=0, out_axes=0,
     raise TypeError(
         f"pmap: `debug` must be True or False, got {type(debug).__name__} "
         f"{debug!r}.")
+  if not isinstance(jit_compile, bool):
+    raise TypeError(
+        f"pmap: `jit_compile` must be True or False, got "
+        f"{type(jit_compile).__name__} {jit_compile!r}.")
   arguments.check_axis_spec_tree(out_axes, "out_axes")
   static_argnums = _argnums(static_broadcasted_argnums,
                             "static_broadcasted_argnums")
@@ -168,7 +174,8 @@ def checked_options(fun, *, axis_name, in_axes=0, out_axes=0,
       backend=backend,
       donate_argnums=donated,
       debug=debug,
-      level=level)
+      level=level,
+      jit_compile=jit_compile)
 
 
 def _argnums(value, name):

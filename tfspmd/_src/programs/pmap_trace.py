@@ -365,7 +365,8 @@ def _trace_whole(signature, size, shapes, parts, crossing,
       max_devices=(len(signature.devices) if options.devices is None
                    else size),
       devices=signature.devices, lays_out=signature.lays_out, parts=parts,
-      crossing=crossing, given_devices=options.devices is not None)
+      crossing=crossing, given_devices=options.devices is not None,
+      host=signature.executor == selection.HOST)
   # A program the user's graph calls takes that graph's tensors as they
   # are, and one that lays nothing out takes them whole.
   input_wide = tuple(
@@ -511,7 +512,8 @@ def _program(signature, state, size, shapes, top_dim, input_wide, program,
   function = None
   if on_host:
     function = host_executor.HostExecutable(
-        concrete, signature.devices[0].name, function_name(signature.options))
+        concrete, signature.devices[0].name, function_name(signature.options),
+        xla=signature.options.jit_compile)
   elif not signature.in_user_graph:
     replicated_ops.enroll(
         node.op for node in dtensor_settings.nodes(graph_def))

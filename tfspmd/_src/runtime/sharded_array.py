@@ -16,6 +16,7 @@ from tfspmd._src.core import multiprocess_hooks
 from tfspmd._src.executors import dtensor_device
 from tfspmd._src.executors import dtensor_values
 from tfspmd._src.executors import host as host_executor
+from tfspmd._src.executors import selection
 from tfspmd._src.executors import small_values
 from tfspmd._src.runtime import array_ops
 from tfspmd._src.runtime import devices as devices_lib
@@ -136,6 +137,25 @@ class ShardedArray:
     array = cls(None, placement, shape, dtype)
     array._whole = whole
     return array
+
+  @classmethod
+  def from_whole(cls, whole: Any,
+                 placement: placement_lib.Placement) -> ShardedArray:
+    """The array `whole` (NumPy or a tensor), laid out by `placement`.
+
+    `whole` is this process's part of the array. Where the host executor
+    runs programs on the placement's devices it is held as one tensor on
+    the host; elsewhere each device gets its block.
+    """
+    devices = placement.devices
+    if selection.holds_on_host([device.platform for device in devices],
+                               devices_lib.process_count()):
+      tensor = host_executor.put(whole, devices[0].name)
+      return cls.on_host(tensor, placement, tensor.shape, tensor.dtype)
+    array = whole.numpy() if isinstance(whole, tf.Tensor) else np.asarray(
+        whole)
+    value = placement_lib.pack_host_array(array, placement)
+    return cls(value, placement, array.shape, value.dtype)
 
   def _held_on_host(self) -> tf.Tensor | None:
     """The host tensor of the whole array, if it is held so (`on_host`)."""
