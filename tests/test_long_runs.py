@@ -221,3 +221,119 @@ for thread in threads:
   thread.join()
 print(" ".join(outcome))
 """
+
+
+@pytest.mark.parametrize("executor", ["host", "dtensor"])
+def test_seven_threads_of_programs_and_transfers_twenty_times(executor):
+  # Six threads each trace and call their own programs while a seventh puts
+  # arrays on the devices and reads them back, 20 rounds in a row in a
+  # process of its own. On DTensor's executor a shard_map's reshapes
+  # entered DTensor's device beside another thread's program: calls hung
+  # (or failed with DTensor's internal errors). A thread stuck for 120 s
+  # prints every thread's stack and ends the process.
+  run = run_python(_SEVEN_THREADS, timeout=180, check=False,
+                   TFSPMD_EXECUTOR=executor)
+  assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-6000:]
+  assert run.stdout.split() == ["ok"] * 20, run.stdout
+
+
+_SEVEN_THREADS = """
+import faulthandler
+import sys
+import threading
+import numpy as np
+import tensorflow as tf
+import tfspmd
+from tfspmd import lax
+
+N = 8
+faulthandler.dump_traceback_later(120, exit=True)
+
+
+def check(got, expected):
+  np.testing.assert_array_equal(np.asarray(got), expected)
+
+
+def psum(r):
+  f = tfspmd.pmap(lambda v: lax.psum(v, "i"), "i")
+  for k in range(3):
+    # Another width every other round: traced while other threads run.
+    x = np.arange(N * (3 + r % 2), dtype=np.float32).reshape(N, -1) + k
+    check(f(x), np.broadcast_to(x.sum(0), x.shape))
+
+
+def all_gather(r):
+  f = tfspmd.pmap(lambda v: lax.all_gather(v, "i"), "i")
+  for k in range(3):
+    x = np.arange(N * 2, dtype=np.float32).reshape(N, 2) * (k + 1) + r
+    check(f(x), np.broadcast_to(x, (N,) + x.shape))
+
+
+def loop(r):
+  f = tfspmd.pmap(lambda v: tf.while_loop(
+      lambda i, w: i < 3, lambda i, w: (i + 1, w + lax.psum(w, "i")),
+      (0, v))[1], "i")
+  for k in range(3):
+    x = np.full((N, 2 + r % 3), 1.0 + k, np.float32)
+    check(f(x), x * 9.0 ** 3)
+
+
+def shard_map(r):
+  mesh = tfspmd.make_mesh((2, 4), ("a", "b"))
+  f = tfspmd.shard_map(lambda v: lax.psum(v, "b"), mesh=mesh,
+                       in_specs=tfspmd.P("a", "b"),
+                       out_specs=tfspmd.P("a", None))
+  for k in range(3):
+    x = np.arange(16, dtype=np.float32).reshape(2, 8) + k + r
+    check(f(x), x.reshape(2, 4, 2).sum(1))
+
+
+def steps(r):
+  f = tfspmd.pmap(lambda c, v: (c + lax.psum(v, "i"), c), "i", steps=2)
+  for k in range(3):
+    x = np.arange(N * 6, dtype=np.float32).reshape(N, 2, 3) + k + r
+    total, seen = f(np.zeros((N, 3), np.float32), x)
+    step_sums = x.sum(0)
+    check(total, np.broadcast_to(step_sums.sum(0), (N, 3)))
+    check(seen, np.broadcast_to([np.zeros(3), step_sums[0]], (N, 2, 3)))
+
+
+def nested(r):
+  f = tfspmd.pmap(tfspmd.pmap(
+      lambda v: lax.psum(v, ("i", "j")) + lax.psum(v, "j"), "j"), "i")
+  for k in range(3):
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) + k + r
+    check(f(x), np.broadcast_to(x.sum() + x.sum(1, keepdims=True), x.shape))
+
+
+def transfers(r):
+  double = tfspmd.pmap(lambda v: v * 2, "i")
+  for k in range(3):
+    rows = [np.full(3, d + k + r, np.float32) for d in range(N)]
+    sharded = tfspmd.device_put_sharded(rows, tfspmd.devices())
+    check(sharded, np.stack(rows))
+    replicated = tfspmd.device_put_replicated(np.float32(k + r),
+                                              tfspmd.devices())
+    check(replicated, np.full(N, k + r, np.float32))
+    check(double(sharded), 2 * np.stack(rows))
+
+
+for r in range(20):
+  failures = []
+
+  def guarded(work):
+    try:
+      work(r)
+    except BaseException as error:  # pylint: disable=broad-except
+      failures.append(f"{work.__name__}: {type(error).__name__}: {error}")
+
+  threads = [threading.Thread(target=guarded, args=(work,)) for work in
+             (psum, all_gather, loop, shard_map, steps, nested, transfers)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  print("ok" if not failures else failures, flush=True)
+  if failures:
+    sys.exit(1)
+"""

@@ -42,6 +42,7 @@ from tfspmd._src.core import function_keys
 from tfspmd._src.core import lru
 from tfspmd._src.core import stacking
 from tfspmd._src.core import tf_internal
+from tfspmd._src.executors import dtensor_values
 from tfspmd._src.programs import pmap as pmap_lib
 from tfspmd._src.programs import pmap_options
 from tfspmd._src.programs import shard_map_gradient
@@ -164,6 +165,13 @@ def _expand_input(value, spec, mesh, path):
       tuple(value.shape), spec, mesh, path)
   if isinstance(value, np.ndarray):
     return value.reshape(shape)
+  # A DTensor's reshape is a call into DTensor's device.
+  return dtensor_values.entered(_expanded_tensor, value, spec, mesh, rank,
+                                shape, path)
+
+
+def _expanded_tensor(value, spec, mesh, rank, shape, path):
+  """`_expand_input` of a tensor: `value` reshaped to `shape`."""
   if _merges_axes(spec, rank) and dtensor.is_dtensor(value):
     merged = _merged_placement(spec, mesh, value.shape, path)
     if dtensor.fetch_layout(value) == merged.layout:
@@ -261,6 +269,13 @@ def _join_output(value, spec, mesh):
                         for dim in split)))
     return ShardedArray.on_host(tf.reshape(whole, merged), target, merged,
                                 value.dtype)
+  # Each step below is a call into DTensor's device.
+  return dtensor_values.entered(_joined_dtensor, value, global_value, spec,
+                                mesh, rank, merged, split)
+
+
+def _joined_dtensor(value, global_value, spec, mesh, rank, merged, split):
+  """`_join_output` of the DTensor `global_value` of the ShardedArray `value`."""
   if _merges_axes(spec, rank):
     # Each device's block of the expanded result is its block of the
     # global array: it moves onto the merged mesh where it is. A pmap

@@ -16,6 +16,7 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.core.config import config
+from tfspmd._src.executors import dtensor_values
 from tfspmd._src.runtime import placement as placement_lib
 
 
@@ -89,11 +90,12 @@ def binary(op, left, right, like):
         f"ShardedArray arithmetic between {left.dtype.name} and "
         f"{right.dtype.name}: TensorFlow does not promote dtypes; cast one "
         f"first (x.astype(tf.{right.dtype.name}), or tf.cast).")
-  return wrap(op(left, right), like)
+  # An op on DTensors is a call into DTensor's device.
+  return dtensor_values.entered(lambda: wrap(op(left, right), like))
 
 
 def unary(op, value):
-  return wrap(op(value.dtensor_value), value)
+  return dtensor_values.entered(lambda: wrap(op(value.dtensor_value), value))
 
 
 def matmul(left, right):
