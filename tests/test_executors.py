@@ -168,3 +168,35 @@ def test_the_environment_variable_is_checked_at_import():
   run = run_python("import tfspmd; print(tfspmd.config.tfspmd_executor)",
                    TFSPMD_EXECUTOR="DTensor")
   assert run.stdout.split() == ["dtensor"]
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_an_integer_division_by_zero_on_the_host_gives_jaxs_numbers(
+    host_executor, jit_compile):
+  del host_executor  # unused
+  x = np.array([7, -7, 0, 5, -5, 1, -1, 3], np.int32)
+  y = np.array([0, 0, 0, -2, 2, -1, -1, 0], np.int32)
+  run = lambda f, a, b: np.asarray(tfspmd.pmap(
+      f, "i", jit_compile=jit_compile)(a, b)).tolist()
+  # jax.pmap of jnp.floor_divide and jnp.remainder (jax 0.10.2, 8 CPU
+  # devices): x // 0 is -2, 0 // 0 is -1 and x % 0 is 0, where XLA's
+  # lowering of TensorFlow's ops gave 7 // 0 = -1 and 7 % 0 = 7.
+  assert run(tf.math.floordiv, x, y) == [-2, -2, -1, -3, -3, -1, 1, -2]
+  assert run(tf.math.floormod, x, y) == [0, 0, 0, -1, 1, 0, 0, 0]
+  assert run(lambda a, b: a // b, x.astype(np.int64),
+             y.astype(np.int64)) == [-2, -2, -1, -3, -3, -1, 1, -2]
+  # Unsigned: jnp.floor_divide's x // 0 is the largest value (lax.div).
+  u, v = np.abs(x).astype(np.uint8), np.abs(y).astype(np.uint8)
+  assert run(tf.math.floordiv, u, v) == [255, 255, 255, 2, 2, 1, 1, 255]
+  assert run(tf.math.floormod, u, v) == [0, 0, 0, 1, 1, 0, 0, 0]
+  if jit_compile:
+    # Truncating: lax.div and lax.rem (XLA's numbers; run op by op,
+    # TensorFlow's kernels raise).
+    assert run(tf.truncatediv, x, y) == [-1, -1, -1, -2, -2, -1, 1, -1]
+    assert run(tf.truncatemod, x, y) == [7, -7, 0, 1, -1, 0, 0, 3]
+  # The divisor broadcast against a per-device row, zero on device 3.
+  rows = np.arange(8 * 3, dtype=np.int32).reshape(8, 3) - 10
+  divisors = np.array([1, 2, -3, 0, 4, 1, 2, 3], np.int32)
+  expected = rows // np.where(divisors == 0, 1, divisors)[:, None]
+  expected[3] = np.where(rows[3] == 0, -1, -2)
+  assert run(lambda r, d: r // d, rows, divisors) == expected.tolist()

@@ -27,6 +27,7 @@ from tfspmd._src.rewrites import control_flow
 from tfspmd._src.rewrites import conv_gradients
 from tfspmd._src.rewrites import dtensor_rewrites
 from tfspmd._src.rewrites import dynamic_slices
+from tfspmd._src.rewrites import integer_division
 from tfspmd._src.rewrites import lane_guards
 from tfspmd._src.rewrites import new_axis
 from tfspmd._src.rewrites import per_position
@@ -104,9 +105,11 @@ def give_converters(operations: Sequence[tf.Operation]) -> None:
       if not hasattr(operation, "pfor_converter"):
         per_position.give_fallback(operation)
       lane_guards.guard(operation)
+      integer_division.follow_jax(operation)
       continue
     tf_internal.set_pfor_converter(operation, route.converter)
     lane_guards.guard(operation)
+    integer_division.follow_jax(operation)
     if operation.type in control_flow.CONVERTERS:
       for graph in control_flow.called_graphs(operation):
         give_converters(graph.get_operations())

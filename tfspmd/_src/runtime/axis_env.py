@@ -91,6 +91,8 @@ class TraceState:
       traces to cross processes.
     given_devices: Whether the top-level pmap was given `devices=`: its
       nested pmaps' grid is then not over `tfspmd.devices()`.
+    host: Whether the host executor runs the program (XLA's kernels, which
+      compute an integer division by zero: `integer_division`).
   """
   mesh_axes: list
   max_devices: int
@@ -100,6 +102,7 @@ class TraceState:
   parts: bool = False
   crossing: dict = dataclasses.field(default_factory=dict)
   given_devices: bool = False
+  host: bool = False
   # A per-device tensor's `Origin`, and a nested pmap result's splits
   # `{axis: mesh_dim}`, by the tensor's `ref()`.
   _origins: dict = dataclasses.field(default_factory=dict)
