@@ -7,6 +7,7 @@ import os
 from unittest import mock
 
 import numpy as np
+import tensorflow as tf
 
 import tfspmd
 from tfspmd._src.core import config as config_lib
@@ -195,3 +196,46 @@ def tf_config_task_type():
 def tf_config_index_range():
   _tf_config('{"cluster": {"worker": ["h0:2222", "h1:2222"]}, '
              '"task": {"type": "worker", "index": 2}}')
+
+
+@case("device-put-in-tf-function", SHARDINGS,
+      "device_put of a value inside a tf.function that is not a tfspmd.jit "
+      "function", ValueError,
+      r"device_put: x is a value of a function being traced \(a pmap's, a "
+      r"shard_map's or a tf.function's\), which lies on no devices of its "
+      r"own; call device_put on the arrays outside the function. Inside a "
+      r"tfspmd.jit function \(outside the shard_maps in it\), "
+      r"device_put\(x, sharding\) lays a value out")
+def device_put_in_tf_function():
+  mesh = tfspmd.make_mesh((8,), ("x",))
+  # No AutoGraph: it would prefix the message with a traceback of this file.
+  tf.function(lambda v: tfspmd.device_put(
+      v, tfspmd.NamedSharding(mesh, tfspmd.P("x"))), autograph=False)(
+          np.zeros(8, np.float32))
+
+
+@case("device-put-to-a-device-in-jit", SHARDINGS,
+      "device_put(v, tfspmd.devices()[0]) inside a tfspmd.jit function",
+      ValueError,
+      r"device_put: inside a tfspmd.jit function every value lies on the "
+      r"function's mesh Mesh\(\{'i': 8\}\), but x was sent to "
+      r"Device\(platform='cpu', id=0\); give a NamedSharding or a "
+      r"PartitionSpec over that mesh")
+def device_put_to_a_device_in_jit():
+  tfspmd.jit(lambda v: tfspmd.device_put(v, tfspmd.devices()[0]))(
+      np.zeros(8, np.float32))
+
+
+@case("jit-with-shardings-in-shard-map", SHARDINGS,
+      "a jit with out_shardings called inside a shard_map's function",
+      ValueError,
+      r"jit: .*<lambda>, jitted with in_shardings or out_shardings, was "
+      r"called inside a pmap, a shard_map or a tf.function that is not a "
+      r"tfspmd.jit function, whose values lie on no mesh. Jit it without "
+      r"shardings to call it there \(it is then inlined, as in JAX\)")
+def jit_with_shardings_in_shard_map():
+  mesh = tfspmd.make_mesh((8,), ("x",))
+  inner = tfspmd.jit(lambda v: v + 1, out_shardings=tfspmd.NamedSharding(
+      mesh, tfspmd.P()))
+  tfspmd.shard_map(inner, mesh=mesh, in_specs=tfspmd.P("x"),
+                   out_specs=tfspmd.P("x"))(np.zeros(8, np.float32))

@@ -304,3 +304,50 @@ def test_a_sharding_constraint_outside_jit_or_in_a_mapped_function_is_refused(
     with pytest.raises(ValueError, match="inside a pmap or shard_map"):
       tfspmd.pmap(lambda v: lax.with_sharding_constraint(v, P()),
                   debug=True)(x)
+
+
+def test_a_jit_called_while_tracing_is_inlined_as_in_jax(mesh):
+  # Inside another jit, a shard_map's function or a user's tf.function, a
+  # jitted function is called as the plain function, as JAX inlines it.
+  x = np.arange(16, dtype=np.float32).reshape(8, 2)
+  scale = tfspmd.jit(lambda v, k: v * k + 1., static_argnums=1)
+
+  @tfspmd.jit
+  def outer(v):
+    row_sums = tfspmd.shard_map(
+        lambda b: scale(lax.psum(b, "data"), 2.), mesh=mesh,
+        in_specs=P("data"), out_specs=P())(v)
+    return scale(v, 3.), row_sums
+
+  tripled, sums = outer(x)
+  np.testing.assert_array_equal(tripled, x * 3 + 1)
+  block_sum = x.reshape(4, 2, 2).sum(0)
+  np.testing.assert_array_equal(sums, block_sum * 2 + 1)
+  np.testing.assert_array_equal(
+      tf.function(lambda v: scale(v, 4.))(tf.constant(x)), x * 4 + 1)
+  np.testing.assert_array_equal(
+      tfspmd.jit(lambda v: tfspmd.jit(lambda w: w - 1.)(v) * 2)(x),
+      (x - 1) * 2)
+  # An inner jit's shardings are constraints on its arguments and result.
+  split = tfspmd.jit(lambda v: tfspmd.jit(
+      lambda w: w + 1., out_shardings=NamedSharding(mesh, P("model")))(v))
+  with tfspmd.set_mesh(mesh):
+    out = split(np.ones((8, 4), np.float32))
+  np.testing.assert_array_equal(out, np.full((8, 4), 2.))
+  assert out.sharding == NamedSharding(mesh, P("model"))
+
+
+def test_device_put_inside_jit_is_a_sharding_constraint(mesh):
+  x = np.arange(32, dtype=np.float32).reshape(8, 4)
+  by_model = tfspmd.jit(lambda v: tfspmd.device_put(
+      v * 2., NamedSharding(mesh, P("model"))))(
+          tfspmd.device_put(x, NamedSharding(mesh, P("data"))))
+  np.testing.assert_array_equal(by_model, x * 2)
+  assert by_model.sharding == NamedSharding(mesh, P("model"))
+  # A bare spec is over the function's mesh; None leaves the value as is.
+  with tfspmd.set_mesh(mesh):
+    tree = tfspmd.jit(lambda v: tfspmd.device_put(
+        {"a": v + 1., "b": v}, {"a": P(None, "model"), "b": None}))(x)
+  np.testing.assert_array_equal(tree["a"], x + 1)
+  np.testing.assert_array_equal(tree["b"], x)
+  assert tree["a"].sharding == NamedSharding(mesh, P(None, "model"))

@@ -14,9 +14,11 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.experimental import dtensor
 
 from tfspmd._src.arguments import arguments
 from tfspmd._src.core import multiprocess_hooks
+from tfspmd._src.core import trace_context
 from tfspmd._src.executors import dtensor_device
 from tfspmd._src.executors import dtensor_values
 from tfspmd._src.runtime import devices as devices_lib
@@ -46,6 +48,10 @@ def device_put(x: Any, device: Any = None, *, src: None = None,
                donate: bool = False, may_alias: bool | None = None) -> Any:
   """Places every leaf of `x` as `device` says, like `jax.device_put`.
 
+  Inside a `tfspmd.jit` function, as in JAX, it lays a value out on the
+  function's mesh as a `NamedSharding` or `PartitionSpec` says (a sharding
+  constraint, `lax.with_sharding_constraint`).
+
   Args:
     x: A pytree of arrays (`ShardedArray`, `tf.Tensor`, NumPy arrays, Python
       numbers).
@@ -72,7 +78,8 @@ def device_put(x: Any, device: Any = None, *, src: None = None,
       set.
     ValueError: If `src` is not None, or an array does not fit its
       sharding (rank below the spec's length, or a dimension that does not
-      split evenly).
+      split evenly), or, for a value of a function being traced, outside a
+      `tfspmd.jit` function or toward a device.
 
   Example:
     >>> import numpy as np, tfspmd
@@ -101,6 +108,11 @@ def device_put(x: Any, device: Any = None, *, src: None = None,
           f"device_put: the `device` for {path} must be a NamedSharding, a "
           f"PartitionSpec, a SingleDeviceSharding, a tfspmd.Device or None, "
           f"got {type(target).__name__} {target!r}.")
+    if tf.is_symbolic_tensor(leaf) or (
+        tf.inside_function() and
+        trace_context.this_thread.jit_mesh is not None):
+      placed.append(_put_traced(leaf, target, path))
+      continue
     result = _put(leaf, target, path)
     if result is leaf and may_alias is False:
       result = _copy(leaf)
@@ -108,6 +120,69 @@ def device_put(x: Any, device: Any = None, *, src: None = None,
       leaf.delete()
     placed.append(result)
   return treedef.unflatten(placed)
+
+
+def _put_traced(leaf, target, path):
+  """`leaf`, a value of a function being traced, placed as `target` says.
+
+  In a `tfspmd.jit` function every value lies on the function's mesh, and
+  placing one is a sharding constraint, as in JAX; in a pmap, a shard_map
+  or another `tf.function` values lie on no mesh.
+  """
+  context = trace_context.this_thread
+  mesh = context.jit_mesh
+  if mesh is None or context.frames or context.trace is not None:
+    raise ValueError(
+        f"device_put: {path} is a value of a function being traced (a "
+        f"pmap's, a shard_map's or a tf.function's), which lies on no "
+        f"devices of its own; call device_put on the arrays outside the "
+        f"function. Inside a tfspmd.jit function (outside the shard_maps "
+        f"in it), device_put(x, sharding) lays a value out, as "
+        f"lax.with_sharding_constraint does.")
+  if target is None:
+    return leaf
+  if not isinstance(target, (NamedSharding, named_mesh.PartitionSpec)):
+    raise ValueError(
+        f"device_put: inside a tfspmd.jit function every value lies on the "
+        f"function's mesh {mesh}, but {path} was sent to {target}; give a "
+        f"NamedSharding or a PartitionSpec over that mesh (a sharding "
+        f"constraint), or device_put the function's result onto the device "
+        f"outside it.")
+  return laid_out_in_jit(leaf, target, mesh, path, "device_put")
+
+
+def laid_out_in_jit(leaf, target, mesh, path, function):
+  """`leaf`, a value of the `tfspmd.jit` function on `mesh`, laid out.
+
+  Args:
+    leaf: A value of the function being traced.
+    target: A `NamedSharding` over `mesh`, or a `PartitionSpec` (over it).
+    mesh: The mesh of the jitted function.
+    path: The leaf's path, for messages.
+    function: The caller's name, for messages.
+
+  Returns:
+    The DTensor relayout of `leaf` to `target`'s layout.
+  """
+  if isinstance(target, named_mesh.PartitionSpec):
+    target = NamedSharding(mesh, target)
+  if not isinstance(target, NamedSharding):
+    raise TypeError(
+        f"{function}: the sharding for {path} must be a NamedSharding or a "
+        f"PartitionSpec, got {type(target).__name__} {target!r}.")
+  if target.mesh != mesh:
+    raise ValueError(
+        f"{function}: the sharding for {path} is over {target.mesh}, but "
+        f"the jitted function runs on {mesh}.")
+  tensor = tf.convert_to_tensor(leaf)
+  placement = placement_of(target, tensor.shape.as_list(), path)
+  if placement.merged is not None:
+    raise ValueError(
+        f"{function}: {target.spec} splits one dimension of {path} over "
+        f"several mesh axes, which a jitted function's value cannot lie as; "
+        f"lay it out over one axis per dimension inside, and give the jit "
+        f"out_shardings={target.spec} for its result.")
+  return dtensor.relayout(tensor, placement.layout)
 
 
 def _put(leaf, target, path):

@@ -179,16 +179,23 @@ class JittedFunction:
         return leaf.sharding.mesh
     return make_mesh((devices_lib.device_count(),), ("i",))
 
-  @_do_not_convert
-  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+  def _static_positions(self, args):
+    """The positions in `args` of static arguments."""
     # A static position past the call's positional arguments is one its
     # name passes by keyword (or leaves at its default).
     in_call = tuple(k for k in self._static_argnums
                     if k >= len(args) and k in self._names_of_argnums)
-    static = tuple(sorted(set(_positions(
+    return tuple(sorted(set(_positions(
         tuple(k for k in self._static_argnums if k not in in_call),
         "static_argnums", len(args))).union(
             k for k in self._named_positions if k < len(args))))
+
+  @_do_not_convert
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    context = trace_context.this_thread
+    if tf.inside_function() or context.frames or context.trace is not None:
+      return self._inlined(args, kwargs)
+    static = self._static_positions(args)
     donated = _positions(self._donate_argnums, "donate_argnums", len(args))
     static_values = tuple((k, args[k]) for k in static)
     static_kwargs = tuple(sorted((name, kwargs[name])
@@ -233,7 +240,7 @@ class JittedFunction:
     except tf.errors.OpError:
       raise ValueError(
           f"jit: DTensor (TF {tf.__version__}) could not lower or run the "
-          f"jitted function {getattr(self._fun, '__qualname__', self._fun)} "
+          f"jitted function {_name(self._fun)} "
           f"on {mesh}. Call the shard_maps inside it on their own: tfspmd "
           f"then names the op DTensor refused and what to write instead."
       ) from None
@@ -248,6 +255,44 @@ class JittedFunction:
         if isinstance(leaf, ShardedArray) and not leaf.is_deleted():
           leaf.delete()
     return result
+
+  def _inlined(self, args, kwargs):
+    """The function called on `args` while another function traces.
+
+    As JAX inlines a jit inside a traced function, the function's ops go
+    into the trace around it: a `tfspmd.jit` function's, a pmap's or
+    shard_map's, or a user's `tf.function`. In a `tfspmd.jit` function the
+    shardings given lay the arguments and results out (as constraints);
+    elsewhere values lie on no mesh.
+    """
+    if self._in_shardings is None and self._out_shardings is None:
+      return self._fun(*args, **kwargs)
+    context = trace_context.this_thread
+    if context.jit_mesh is None or context.frames or context.trace is not None:
+      raise ValueError(
+          f"jit: {_name(self._fun)}, jitted with in_shardings or "
+          f"out_shardings, was called inside a pmap, a shard_map or a "
+          f"tf.function that is not a tfspmd.jit function, whose values lie "
+          f"on no mesh. Jit it without shardings to call it there (it is "
+          f"then inlined, as in JAX), or call it outside.")
+    static = self._static_positions(args)
+    dynamic = tuple(a for k, a in enumerate(args) if k not in static)
+    dynamic_kwargs = {name: value for name, value in kwargs.items()
+                      if name not in self._static_argnames}
+    leaves, treedef = tree.flatten((dynamic, dynamic_kwargs))
+    shardings = self._leaf_shardings(dynamic, dynamic_kwargs, len(leaves))
+    placed, placed_kwargs = treedef.unflatten([
+        leaf if sharding is None else transfers.device_put(leaf, sharding)
+        for leaf, sharding in zip(leaves, shardings)])
+    rest = iter(placed)
+    call_args = [args[k] if k in static else next(rest)
+                 for k in range(len(args))]
+    result = self._fun(*call_args, **placed_kwargs, **{
+        name: value for name, value in kwargs.items()
+        if name in self._static_argnames})
+    if self._out_shardings is None:
+      return result
+    return transfers.device_put(result, self._out_shardings)
 
   def _leaf_shardings(self, dynamic, kwargs, count):
     if self._in_shardings is None:
@@ -334,6 +379,10 @@ class JittedFunction:
     return program
 
 
+def _name(fun):
+  return getattr(fun, "__qualname__", None) or repr(fun)
+
+
 def _is_small_replicated(value):
   return small_values.is_small_replicated(value.placement.spec, value.shape,
                                           value.dtype)
@@ -369,7 +418,10 @@ def jit(fun: Callable[..., Any] | None = None, *,
   mesh inside (built anew on every call, as JAX code builds it) runs over
   the devices, traced once with the function. Results are `ShardedArray`s
   laid out as the program left them, which go into the next call with no
-  copy.
+  copy. Called while another function traces (a `tfspmd.jit` function, a
+  shard_map's or pmap's function, a `tf.function`), the function is
+  inlined into that trace, as in JAX; there its `in_shardings` and
+  `out_shardings` are sharding constraints, inside a `tfspmd.jit` only.
 
   Args:
     fun: The function, of arrays (pytrees of them) to arrays.

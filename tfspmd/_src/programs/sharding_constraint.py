@@ -11,14 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.experimental import dtensor
 
 from tfspmd._src.arguments import transfers
 from tfspmd._src.programs import jit as jit_lib
 from tfspmd._src.runtime import axis_env
 from tfspmd._src.runtime.named_mesh import PartitionSpec
 from tfspmd._src.runtime.named_sharding import NamedSharding
-from tfspmd._src.runtime.named_sharding import placement_of
 from tfspmd._src.trees import tree
 
 
@@ -84,29 +82,6 @@ def with_sharding_constraint(x: Any, shardings: Any) -> Any:
   if mesh is None:
     return transfers.device_put(x, treedef.unflatten(targets))
   return treedef.unflatten([
-      _relayout(leaf, target, mesh, path)
+      transfers.laid_out_in_jit(leaf, target, mesh, path,
+                                "with_sharding_constraint")
       for leaf, target, path in zip(leaves, targets, paths)])
-
-
-def _relayout(leaf, target, mesh, path):
-  """`leaf`, a value of the jitted function on `mesh`, laid out as `target`."""
-  if isinstance(target, PartitionSpec):
-    target = NamedSharding(mesh, target)
-  if not isinstance(target, NamedSharding):
-    raise TypeError(
-        f"with_sharding_constraint: the sharding for {path} must be a "
-        f"NamedSharding or a PartitionSpec, got {type(target).__name__} "
-        f"{target!r}.")
-  if target.mesh != mesh:
-    raise ValueError(
-        f"with_sharding_constraint: the sharding for {path} is over "
-        f"{target.mesh}, but the jitted function runs on {mesh}.")
-  tensor = tf.convert_to_tensor(leaf)
-  placement = placement_of(target, tensor.shape.as_list(), path)
-  if placement.merged is not None:
-    raise ValueError(
-        f"with_sharding_constraint: {target.spec} splits one dimension of "
-        f"{path} over several mesh axes, which a jitted function's value "
-        f"cannot lie as; constrain it to one axis per dimension inside, and "
-        f"give the jit out_shardings={target.spec} for its result.")
-  return dtensor.relayout(tensor, placement.layout)
