@@ -152,3 +152,20 @@ def variable_assign_debug():
   v = tf.Variable(0.)
   P(lambda x: v.assign_add(tf.reduce_sum(x)), debug=True)(
       np.zeros(2, np.float32))
+
+
+@case("jit-gradient-of-a-captured-variable", STATE,
+      "a GradientTape around a tfspmd.jit call whose function reads a "
+      "tf.Variable it is not passed", ValueError,
+      r"jit: .*<lambda> reads the tf.Variables \['scale:0'\], which it was "
+      r"not passed; a GradientTape around a jitted call differentiates its "
+      r"arguments only. Pass the variables as arguments, or take the "
+      r"gradient inside the jitted function.")
+def jit_gradient_of_a_captured_variable():
+  scale = tf.Variable(np.ones(8, np.float32), name="scale")
+  f = tfspmd.jit(lambda x: tf.reduce_sum(x * scale))
+  x = tf.constant(np.arange(8, dtype=np.float32))
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    y = f(x)
+  tape.gradient(y, [x, scale])

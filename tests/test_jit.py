@@ -5,6 +5,8 @@ A training step that builds its shard_map on every call, as JAX code under
 results left on the devices for the next call.
 """
 
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -351,3 +353,33 @@ def test_device_put_inside_jit_is_a_sharding_constraint(mesh):
   np.testing.assert_array_equal(tree["a"], x + 1)
   np.testing.assert_array_equal(tree["b"], x)
   assert tree["a"].sharding == NamedSharding(mesh, P(None, "model"))
+
+
+def test_a_gradient_tape_around_a_jit_call_differentiates_it(mesh):
+  # loss = k * sum(sin(w) * x): d/dw = k cos(w) x, d/dx = k sin(w); the
+  # ShardedArray `b` lies on the devices, a constant to the tape.
+  @functools.partial(tfspmd.jit, static_argnums=3)
+  def loss(w, x, b, k):
+    per_row = tfspmd.shard_map(
+        lambda wb, xb: lax.psum(tf.reduce_sum(tf.sin(wb) * xb, 0), "data"),
+        mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P())(w, x)
+    return k * tf.reduce_sum(per_row) + tf.reduce_sum(b)
+
+  rng = np.random.default_rng(1)
+  w0 = rng.standard_normal((8, 3)).astype(np.float32)
+  x0 = rng.standard_normal((8, 3)).astype(np.float32)
+  b = tfspmd.device_put(np.ones((8, 3), np.float32),
+                        NamedSharding(mesh, P("data")))
+  w = tf.Variable(w0)
+  for k in (2.0, 2.0, 3.0):
+    x = tf.constant(x0 * k)
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      value = loss(w, x, b, k)
+    grad_w, grad_x = tape.gradient(value, [w, x])
+    np.testing.assert_allclose(float(value),
+                               k * np.sum(np.sin(w0) * x0 * k) + 24.,
+                               rtol=1e-5)
+    np.testing.assert_allclose(grad_w, k * np.cos(w0) * x0 * k, rtol=1e-5,
+                               atol=1e-6)
+    np.testing.assert_allclose(grad_x, k * np.sin(w0), rtol=1e-5, atol=1e-6)

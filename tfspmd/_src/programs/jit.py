@@ -147,7 +147,7 @@ class JittedFunction:
   """The callable `jit` returns."""
 
   def __init__(self, fun, in_shardings, out_shardings, static_argnums,
-               donate_argnums, static_argnames=()):
+               donate_argnums, static_argnames=(), mesh=None):
     if not callable(fun):
       raise TypeError(f"jit: `fun` must be callable, got {fun!r}.")
     self._fun = fun
@@ -160,11 +160,16 @@ class JittedFunction:
     self._static_argnames = given_names + tuple(
         self._names_of_argnums.values())
     self._donate_argnums = _positions(donate_argnums, "donate_argnums")
+    # The mesh every call runs on, where the caller fixes it (the VJP of a
+    # call runs on its call's).
+    self._fixed_mesh = mesh
     self._functions = lru.LRUCache(lru.TRACE_CACHE_SIZE)
     functools.update_wrapper(self, fun, updated=())
 
   def _mesh(self, leaves):
     """The mesh every argument goes on."""
+    if self._fixed_mesh is not None:
+      return self._fixed_mesh
     for shardings in (self._in_shardings, self._out_shardings):
       for sharding in tree.flatten(shardings,
                                    is_leaf=_is_sharding_leaf)[0]:
@@ -195,6 +200,14 @@ class JittedFunction:
     context = trace_context.this_thread
     if tf.inside_function() or context.frames or context.trace is not None:
       return self._inlined(args, kwargs)
+    if tf_internal.tape_active():
+      recorded = self._recorded(args, kwargs)
+      if recorded is not None:
+        return recorded
+    return self._compiled(args, kwargs)
+
+  def _compiled(self, args, kwargs):
+    """The call's results, from the program traced for its signature."""
     static = self._static_positions(args)
     donated = _positions(self._donate_argnums, "donate_argnums", len(args))
     static_values = tuple((k, args[k]) for k in static)
@@ -255,6 +268,99 @@ class JittedFunction:
         if isinstance(leaf, ShardedArray) and not leaf.is_deleted():
           leaf.delete()
     return result
+
+  def _recorded(self, args, kwargs):
+    """The call, recorded on the GradientTape that watches its arguments.
+
+    The forward pass is the compiled call; its gradient is another jitted
+    function on the same mesh: the vector-Jacobian product, taken with a
+    GradientTape inside it (the shard_maps in the function carry their
+    transposes). The tape sees the tensors and variables among the
+    arguments; `ShardedArray`s and host values are constants to it, as the
+    call's results are tensors (a tape records tensors only).
+
+    Returns:
+      The results as tensors, or None where the tape watches no argument.
+    """
+    static = self._static_positions(args)
+    dynamic = tuple(a for k, a in enumerate(args) if k not in static)
+    dynamic_kwargs = {name: value for name, value in kwargs.items()
+                      if name not in self._static_argnames}
+    leaves, treedef = tree.flatten((dynamic, dynamic_kwargs))
+    sources = tuple(k for k, leaf in enumerate(leaves)
+                    if isinstance(leaf, (tf.Tensor, tf.Variable)) and (
+                        leaf.dtype.is_floating or leaf.dtype.is_complex))
+    # Reading a variable here puts the read on the tape.
+    tensors = [tf.convert_to_tensor(leaves[k]) for k in sources]
+    if not tf_internal.tape_may_record(tensors):
+      return None
+    static_args = tuple((k, args[k]) for k in static)
+    static_kwargs = tuple(sorted(
+        (name, value) for name, value in kwargs.items()
+        if name in self._static_argnames))
+    rebuild = functools.partial(_call_arguments, treedef, static_args,
+                                static_kwargs, len(args))
+    vjp = self._vjp(rebuild, treedef, static_args, static_kwargs, sources,
+                    self._mesh(leaves))
+    out_treedef = []
+
+    @tf.custom_gradient
+    def forward(*source_values):
+      values = _with_sources(leaves, sources, source_values)
+      result = self._compiled(*rebuild(values))
+      out_leaves, out = tree.flatten(result)
+      out_treedef.append(out)
+      outputs = [tf.convert_to_tensor(leaf) for leaf in out_leaves]
+
+      def backward(*cotangents, variables=None):
+        if variables:
+          raise ValueError(
+              f"jit: {_name(self._fun)} reads the tf.Variables "
+              f"{[v.name for v in variables]}, which it was not passed; a "
+              f"GradientTape around a jitted call differentiates its "
+              f"arguments only. Pass the variables as arguments, or take the "
+              f"gradient inside the jitted function.")
+        cotangents = [tf.zeros_like(o) if c is None else c
+                      for c, o in zip(cotangents, outputs)]
+        grads = vjp(values, cotangents)
+        return [tf.convert_to_tensor(g) for g in grads]
+
+      return outputs, backward
+
+    outputs = forward(*tensors)
+    return out_treedef[0].unflatten(list(outputs))
+
+  def _vjp(self, rebuild, treedef, static_args, static_kwargs, sources, mesh):
+    """The jitted vector-Jacobian product of one call signature.
+
+    Kept per signature, so that the gradient of a call like an earlier one
+    runs the program traced for that one.
+    """
+    key = ("vjp", treedef, tuple(
+        (where, function_keys.static_value_key(value))
+        for where, value in static_args + static_kwargs), sources,
+           mesh.mesh_key)
+    vjp = self._functions.get(key)
+    if vjp is not None:
+      return vjp
+    fun = self._fun
+
+    def product(values, cotangents):
+      with tf.GradientTape(watch_accessed_variables=False) as tape:
+        watched = [values[k] for k in sources]
+        tape.watch(watched)
+        call_args, call_kwargs = rebuild(values)
+        outputs = [tf.convert_to_tensor(leaf)
+                   for leaf in tree.flatten(fun(*call_args, **call_kwargs))[0]]
+      pairs = [(o, c) for o, c in zip(outputs, cotangents)
+               if o.dtype.is_floating or o.dtype.is_complex]
+      return tape.gradient([o for o, _ in pairs], watched,
+                           output_gradients=[c for _, c in pairs],
+                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+    vjp = JittedFunction(product, None, None, (), (), mesh=mesh)
+    self._functions.put(key, vjp)
+    return vjp
 
   def _inlined(self, args, kwargs):
     """The function called on `args` while another function traces.
@@ -379,6 +485,22 @@ class JittedFunction:
     return program
 
 
+def _call_arguments(treedef, static_args, static_kwargs, count, values):
+  """`(args, kwargs)` of a call: the dynamic leaves `values` and statics."""
+  dynamic, kwargs = treedef.unflatten(list(values))
+  rest, given = iter(dynamic), dict(static_args)
+  return ([given[k] if k in given else next(rest) for k in range(count)],
+          {**kwargs, **dict(static_kwargs)})
+
+
+def _with_sources(leaves, sources, values):
+  """`leaves` with the leaves at positions `sources` replaced by `values`."""
+  replaced = list(leaves)
+  for k, value in zip(sources, values):
+    replaced[k] = value
+  return replaced
+
+
 def _name(fun):
   return getattr(fun, "__qualname__", None) or repr(fun)
 
@@ -422,6 +544,9 @@ def jit(fun: Callable[..., Any] | None = None, *,
   shard_map's or pmap's function, a `tf.function`), the function is
   inlined into that trace, as in JAX; there its `in_shardings` and
   `out_shardings` are sharding constraints, inside a `tfspmd.jit` only.
+  A `tf.GradientTape` watching tensor or variable arguments records the
+  call (its results are then tensors), and its gradient runs as another
+  jitted function, the call's vector-Jacobian product.
 
   Args:
     fun: The function, of arrays (pytrees of them) to arrays.
