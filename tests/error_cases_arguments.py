@@ -390,13 +390,38 @@ def sharded_array_captured():
   P(lambda x: x + earlier)(np.zeros(2))
 
 
+@case("tf-function-variable-on-every-device", OUTPUTS,
+      "a tf.function given ShardedArrays updates a tf.Variable (DTensor's "
+      "executor, which runs it on every device; on the host executor it "
+      "runs once)",
+      ValueError, r"the tf.function '<lambda>' was given ShardedArrays \(or "
+      r"DTensors\) and runs on every device of their mesh, so its update of "
+      r"'calls:0' would happen once per device. Compute the new values")
+def tf_function_variable_on_every_device():
+  before = tfspmd.config.tfspmd_executor
+  tfspmd.config.update("tfspmd_executor", "dtensor")
+  try:
+    calls = tf.Variable(0, name="calls")
+    counted = tf.function(lambda a: calls.assign_add(1) + tf.size(a))
+    counted(P(lambda x: x)(np.zeros((8, 2))))
+  finally:
+    tfspmd.config.update("tfspmd_executor", before)
+
+
 @case("tf-function-two-meshes", OUTPUTS,
-      "ShardedArrays on a 4-device and an 8-device mesh into one tf.function",
+      "ShardedArrays on a 4-device and an 8-device mesh into one tf.function "
+      "(DTensor's executor; on the host executor the function takes both "
+      "whole)",
       ValueError, r"a tf.function was called with ShardedArrays on different "
       r"meshes: one of shape \[4, 2\] on Mesh\(\{'axis_0': 4\}\) \(devices "
       r"\[0, 1, 2, 3\]\), another of shape \[8, 2\] .* "
       r"`tfspmd.device_put\(b, a.sharding\)`")
 def tf_function_two_meshes():
-  four = P(lambda x: x, devices=tfspmd.devices()[:4])(np.zeros((4, 2)))
-  eight = P(lambda x: x)(np.zeros((8, 2)))
-  tf.function(lambda a, b: a + b)(four, eight)
+  before = tfspmd.config.tfspmd_executor
+  tfspmd.config.update("tfspmd_executor", "dtensor")
+  try:
+    four = P(lambda x: x, devices=tfspmd.devices()[:4])(np.zeros((4, 2)))
+    eight = P(lambda x: x)(np.zeros((8, 2)))
+    tf.function(lambda a, b: a + b)(four, eight)
+  finally:
+    tfspmd.config.update("tfspmd_executor", before)

@@ -123,7 +123,8 @@ def test_reduce_retracing_opening_the_mapped_axis_names_the_pmap_and_the_fix():
       "reduce_retracing=True, so that each size traces its own program.")
 
 
-def test_a_sharded_array_given_to_a_users_function_stays_on_the_devices():
+def test_a_sharded_array_given_to_a_users_function_stays_on_the_devices(dtensor_executor):
+  del dtensor_executor  # unused: DTensor's route
   double = tfspmd.pmap(lambda v: v * 2.)
   out = tfspmd.pmap(lambda v: v + 0.)(np.arange(8, dtype=np.float32))
   traces = []
@@ -269,7 +270,8 @@ def test_a_pmap_result_goes_through_a_keras_model_in_a_tf_function():
   np.testing.assert_allclose(metric.numpy(), np.mean((2 * x) ** 2), rtol=1e-6)
 
 
-def test_a_tf_function_of_sharded_arrays_traces_once_per_mesh():
+def test_a_tf_function_of_sharded_arrays_traces_once_per_mesh(dtensor_executor):
+  del dtensor_executor  # unused: DTensor's route
   # Arrays of 20 elements or more: DTensor folds smaller ones as constants,
   # which lie on no mesh (test_pmaps_over_two_device_counts_in_one_function).
   first_four = tfspmd.devices()[:4]
@@ -286,7 +288,8 @@ def test_a_tf_function_of_sharded_arrays_traces_once_per_mesh():
   assert total(on_four[0], moved).numpy() == 32 * 2. + 64 * 5.
 
 
-def test_plain_values_beside_a_sharded_array_arrive_whole_on_its_devices():
+def test_plain_values_beside_a_sharded_array_arrive_whole_on_its_devices(dtensor_executor):
+  del dtensor_executor  # unused: DTensor's route
   x = np.arange(48, dtype=np.float32).reshape(8, 6)
   doubled = tfspmd.pmap(lambda v: v * 2.)(x)
   traces = []
@@ -335,7 +338,8 @@ def test_a_small_sharded_array_beside_a_large_plain_tensor():
       got.numpy(), np.arange(64.).reshape(8, 8) * 10. * np.arange(8.)[:, None])
 
 
-def test_dtensors_on_two_meshes_name_their_arguments():
+def test_dtensors_on_two_meshes_name_their_arguments(dtensor_executor):
+  del dtensor_executor  # unused: DTensor's route
   on_four = tfspmd.pmap(lambda v: v + 1., devices=tfspmd.devices()[:4])(
       np.zeros((4, 8), np.float32))
   on_eight = tfspmd.pmap(lambda v: v + 1.)(np.zeros((8, 4), np.float32))
@@ -358,7 +362,8 @@ def test_dtensors_on_two_meshes_name_their_arguments():
     only_dtensors(on_eight.dtensor_value, on_four.dtensor_value)
 
 
-def test_a_plain_tensor_beside_a_dtensor_value_after_a_plain_trace():
+def test_a_plain_tensor_beside_a_dtensor_value_after_a_plain_trace(dtensor_executor):
+  del dtensor_executor  # unused: DTensor's route
   # A function first traced for plain tensors is traced anew for an
   # array's DTensor, whose call then places the plain tensor beside it.
   x = np.arange(32, dtype=np.float32).reshape(8, 4)
@@ -408,7 +413,8 @@ def test_a_tape_outside_the_function_differentiates_reductions_on_dtensors():
       grad.numpy(), (x / 3. + x * largest + 2. * x * p).sum(0), rtol=1e-5)
 
 
-def test_a_training_step_takes_state_on_the_devices_and_batches_from_numpy():
+def test_a_training_step_takes_state_on_the_devices_and_batches_from_numpy(dtensor_executor):
+  del dtensor_executor  # unused: DTensor's route
   # The state stays on the devices between steps; each step's batch comes
   # from the host, as a NumPy array, beside it.
   rng = np.random.default_rng(1)
@@ -443,7 +449,8 @@ def test_a_training_step_takes_state_on_the_devices_and_batches_from_numpy():
   assert step.experimental_get_tracing_count() == 1
 
 
-def test_arrays_the_function_closes_over_set_the_mesh_of_plain_arguments():
+def test_arrays_the_function_closes_over_set_the_mesh_of_plain_arguments(dtensor_executor):
+  del dtensor_executor  # unused: DTensor's route
   w = np.linspace(-1., 1., 32, dtype=np.float32).reshape(8, 4)
   params = tfspmd.pmap(lambda v: v + 0.)(w)
   scale = tfspmd.pmap(lambda p, x: p * x, in_axes=(0, None))
@@ -482,3 +489,108 @@ def test_reduce_retracing_keeps_the_mesh_of_sharded_arrays():
     assert total(array).numpy() == 8. * rows
   # One trace for the first shape, one for every later one.
   assert total.experimental_get_tracing_count() == 2
+
+
+# --- a user's tf.function given ShardedArrays: its state changes once --------
+
+
+def test_variables_a_users_function_updates_change_once_per_call(
+    host_executor):
+  del host_executor  # unused
+  import keras  # pylint: disable=g-import-not-at-top
+  x = np.arange(24, dtype=np.float32).reshape(8, 3)
+  array = tfspmd.pmap(lambda v: v * 2.)(x)
+  counter = tf.Variable(0.)
+  mean, reference = keras.metrics.Mean(), keras.metrics.Mean()
+
+  @tf.function
+  def count(a):
+    counter.assign_add(1.)
+    mean.update_state(a)
+    return tf.reduce_sum(a)
+
+  for calls in (1, 2):
+    np.testing.assert_allclose(count(array), (2 * x).sum())
+    reference.update_state(2 * x)
+    assert counter.numpy() == calls
+    np.testing.assert_allclose(mean.result(), reference.result())
+    np.testing.assert_allclose(mean.count.numpy(), reference.count.numpy())
+
+
+def test_a_keras_optimizer_in_a_users_function_trains_as_on_one_device(
+    host_executor):
+  del host_executor  # unused
+  import keras  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal((64, 5)).astype(np.float32)
+  y = (x @ rng.standard_normal((5, 1))).astype(np.float32)
+
+  def trained(batches):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.Adam(0.1)
+
+    @tf.function
+    def step(xb, yb):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(xb) - yb))
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return loss
+
+    losses = [float(step(xb, yb)) for xb, yb in batches]
+    return losses, [w.numpy() for w in model.weights]
+
+  rows = tfspmd.sharding.NamedSharding(tfspmd.make_mesh((8,), ("d",)),
+                                      tfspmd.P("d"))
+  on_devices = [(tfspmd.device_put(x[k:k + 16], rows),
+                 tfspmd.device_put(y[k:k + 16], rows))
+                for k in range(0, 64, 16)]
+  assert all(len(xb.addressable_shards) == 8 for xb, _ in on_devices)
+  got_losses, got_weights = trained(on_devices)
+  want_losses, want_weights = trained(
+      [(x[k:k + 16], y[k:k + 16]) for k in range(0, 64, 16)])
+  np.testing.assert_allclose(got_losses, want_losses, rtol=1e-6)
+  for got, want in zip(got_weights, want_weights):
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_variable_update_on_every_device_is_an_error_naming_it(
+    dtensor_executor):
+  del dtensor_executor  # unused
+  array = tfspmd.pmap(lambda v: v * 2.)(np.ones((8, 3), np.float32))
+  counter = tf.Variable(0., name="steps_taken")
+
+  @tf.function
+  def count(a):
+    counter.assign_add(1.)
+    return tf.reduce_sum(a)
+
+  with pytest.raises(ValueError, match=(
+      r"the tf.function 'count' was given ShardedArrays .* so its update of "
+      r"'steps_taken:0' would happen once per device")):
+    count(array)
+  assert counter.numpy() == 0.
+
+
+def test_a_tape_through_a_function_of_an_array_and_a_tensor(host_executor):
+  del host_executor  # unused
+  x = np.arange(16, dtype=np.float32).reshape(8, 2)
+  array = tfspmd.pmap(lambda v: v + 0.)(x)
+  w = tf.Variable(np.full((2,), 3., np.float32))
+  scale = tf.function(lambda a, b: tf.reduce_sum(a * b * w))
+  with tf.GradientTape() as tape:
+    value = scale(array, tf.constant(2.))
+  np.testing.assert_allclose(value, (x * 2. * 3.).sum())
+  np.testing.assert_allclose(tape.gradient(value, w), 2. * x.sum(0))
+
+
+def test_arrays_on_two_halves_of_the_devices_in_one_function(host_executor):
+  del host_executor  # unused
+  devices = tfspmd.local_devices()
+  low = tfspmd.pmap(lambda v: v * 2., devices=devices[:4])(
+      np.ones((4, 8), np.float32))
+  high = tfspmd.pmap(lambda v: v * 3., devices=devices[4:])(
+      np.ones((4, 8), np.float32))
+  total = tf.function(lambda a, b: tf.reduce_sum(a) + tf.reduce_sum(b))
+  assert total(low, high).numpy() == 32 * 2. + 32 * 3.

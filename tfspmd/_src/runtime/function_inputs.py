@@ -13,12 +13,16 @@ that, at each eager call given a DTensor, copies the plain tensors whole to
 every device of the DTensors' mesh, as `tfspmd.jit` places them, and names
 the arguments given on two meshes. Calls given no DTensor run as before: on
 one device in one process; with several processes such a call is refused,
-as each process would hold only its part.
+as each process would hold only its part. A marked function that writes a
+variable is refused at its first call: DTensor copies the variable to each
+device and would update every copy (the host executor gives functions the
+arrays' host tensors, so it never marks them).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import tensorflow as tf
 from tensorflow.experimental import dtensor
@@ -205,11 +209,68 @@ def _captured_dtensor(concrete_function):
   return None
 
 
+_VARIABLE_WRITES = re.compile(
+    r"^(Assign(Add|Sub)?VariableOp|Resource(Sparse)?Apply\w+|"
+    r"ResourceScatter\w+|ResourceStridedSliceAssign)$")
+
+
+def _written_variables(graph):
+  """The names of the variables ops of `graph` (or functions it calls) write.
+
+  A write inside a loop, a branch or a call names the variables that op is
+  given.
+  """
+  variable_of = {}
+  handles = {id(getattr(v, "handle", None)): v for v in graph.variables}
+  for external, internal in graph.captures:
+    if id(external) in handles:
+      variable_of[internal.ref()] = handles[id(external)]
+  writing_functions = {
+      function.signature.name for function in
+      graph.as_graph_def().library.function
+      if any(_VARIABLE_WRITES.match(node.op) for node in function.node_def)}
+  written = []
+  for op in graph.get_operations():
+    if _VARIABLE_WRITES.match(op.type):
+      given = op.inputs[:1]
+    elif any(attr.func.name in writing_functions or any(
+        f.name in writing_functions for f in attr.list.func)
+             for attr in op.node_def.attr.values()):
+      given = op.inputs
+    else:
+      continue
+    for value in given:
+      variable = variable_of.get(value.ref())
+      if variable is not None and variable.name not in written:
+        written.append(variable.name)
+  if not written and writing_functions:
+    written.append("a variable")
+  return written
+
+
+def _check_no_variable_writes(concrete_function):
+  """Raises if a function run on every device of a mesh writes a variable.
+
+  DTensor copies a plain variable to each device of the mesh and runs the
+  function's update on each copy: it would change once per device.
+  """
+  written = _written_variables(concrete_function.graph)
+  if written:
+    raise ValueError(
+        f"the tf.function {concrete_function.graph.name!r} was given "
+        f"ShardedArrays (or DTensors) and runs on every device of their "
+        f"mesh, so its update of {', '.join(map(repr, written))} would "
+        f"happen once per device. Compute the new values in the function "
+        f"and assign them outside it (`v.assign(step(x))`), or give it "
+        f"plain tensors (`np.asarray(array)`), which run on one device.")
+
+
 def _place_inputs_of_marked(concrete_function):
   """Gives a function whose trace was marked the placing FunctionType."""
   marks = getattr(concrete_function.graph, "_tfspmd_function_inputs", None)
   if marks is None:
     return
+  _check_no_variable_writes(concrete_function)
   current = concrete_function.function_type
   placing = _InputsOnOneMesh(current.parameters.values(), current.captures,
                              return_annotation=current.output)

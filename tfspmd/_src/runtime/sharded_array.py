@@ -376,7 +376,7 @@ class ShardedArray:
           f"closure. It lives on the devices and enters a traced function "
           f"only as an argument: pass it to the pmap (in_axes=None gives "
           f"every device all of it, a mapped axis each device its block), or "
-          f"to your own tf.function as `x.dtensor_value`.")
+          f"to your own tf.function as an argument.")
 
   def numpy(self) -> np.ndarray:
     """The array as a NumPy array (this process's part, with several)."""
@@ -405,21 +405,37 @@ class ShardedArray:
     return array
 
   def __tf_tensor__(self, dtype=None, name=None):
+    self._check_alive()
+    if self._on_host_executor() and (dtype is None or dtype == self._dtype):
+      return self._whole_tensor()
     return tf.convert_to_tensor(self.numpy(), dtype=dtype, name=name)
 
   def __tf_tracing_type__(self, context):
-    """A tf.function given a ShardedArray gets it whole on every device.
+    """A tf.function given a ShardedArray gets the whole array.
 
-    The function runs on the devices, with no trip through the host, and
-    what it returns is readable (`.numpy()`), as DTensor reads only
-    DTensors that are whole on each device. To keep the array split inside
-    the function (a loop of pmap calls), pass `dtensor_value` instead.
-    Plain tensors given beside it go whole to the same devices
-    (`function_inputs`).
+    Where the host executor runs the array's mesh, the function takes the
+    host tensor of the whole array and runs as it does on any tensor, on
+    one device: what it computes, and each update of a variable, happens
+    once per call. Elsewhere (DTensor's executor) it runs on every device
+    of the array's mesh, given the array whole on each, with no trip
+    through the host, and what it returns is readable (`.numpy()`), as
+    DTensor reads only DTensors that are whole on each device; a variable
+    it updates would change once per device, so that is an error
+    (`function_inputs`). To keep the array split inside the function (a
+    loop of pmap calls), pass `dtensor_value` instead. Plain tensors given
+    beside it go whole to the same devices.
     """
     del context  # unused
     self._check_alive()
+    if self._on_host_executor():
+      return tf.TensorSpec(self._shape, self._dtype)
     return _ShardedArraySpec.of(self)
+
+  def _on_host_executor(self):
+    """Whether the host executor runs programs on the array's devices."""
+    return selection.holds_on_host(
+        [device.platform for device in self._placement.devices],
+        devices_lib.process_count())
 
   def _global_shape(self):
     """The whole array's shape (over all processes)."""
