@@ -34,6 +34,7 @@ def _no_host_packing(*args, **kwargs):
     (tfspmd.device_put, ["x", "device", "src", "donate", "may_alias"]),
     (tfspmd.device_get, ["x"]),
     (tfspmd.block_until_ready, ["x"]),
+    (tfspmd.clear_caches, []),
     (tfspmd.device_put_sharded, ["shards", "devices"]),
     (tfspmd.device_put_replicated, ["x", "devices"]),
     (tfspmd.distributed.shutdown, []),

@@ -34,6 +34,7 @@ from tfspmd._src.arguments.transfers import device_put as device_put
 from tfspmd._src.arguments.transfers import device_put_replicated as device_put_replicated
 from tfspmd._src.arguments.transfers import device_put_sharded as device_put_sharded
 from tfspmd._src.core.config import config as config
+from tfspmd._src.core.lru import clear_caches as clear_caches
 from tfspmd._src.core.debug_mode import debug_mode as debug_mode
 from tfspmd._src.programs.jit import jit as jit
 from tfspmd._src.programs.pmap import pmap as pmap
@@ -65,6 +66,7 @@ __all__ = [
     "Shard",
     "ShardedArray",
     "block_until_ready",
+    "clear_caches",
     "config",
     "debug_mode",
     "device_count",

@@ -22,8 +22,11 @@ has no key (None), and is kept by its identity, as before.
 """
 
 import types
+import weakref
 
 import tensorflow as tf
+
+from tfspmd._src.core import lru
 
 # How deep functions that read functions are followed before giving up.
 _MAX_DEPTH = 8
@@ -136,3 +139,75 @@ def _value(value, depth):
     if isinstance(python_function, types.FunctionType):
       return ("tf.function", value, _function(python_function, depth + 1))
   raise _NoKey
+
+
+class SharedByFunction:
+  """Values made for functions (their pmaps), shared by equal functions.
+
+  A function with a key (`function_key`) shares its values with every
+  function of that key, in one bounded cache. A plain function without one
+  (it reads an array, an object) shares them with itself only: they are
+  kept on the function object, so that a dropped function, the arrays it
+  captures and the programs made for it are freed together (a cache keyed
+  by the function would keep it alive). Another callable (a bound method,
+  an object) is kept by identity in the bounded cache.
+
+  Args:
+    name: What the values are ('pmap'), to keep apart the kinds of values
+      a function holds.
+
+  Example:
+    >>> pmaps = SharedByFunction("example")
+    >>> def f(x):
+    ...   return x
+    >>> pmaps.get_or_put(f, ("i",), object) is pmaps.get_or_put(
+    ...     f, ("i",), object)
+    True
+  """
+
+  def __init__(self, name):
+    self._name = name
+    self._by_key = lru.LRUCache(lru.TRACE_CACHE_SIZE)
+
+  def get_or_put(self, fun, key, make):
+    """The value of `fun` and `key` (hashable), or `make()` stored there.
+
+    Raises:
+      TypeError: If `fun` or `key` cannot be hashed.
+    """
+    by_value = function_key(fun)
+    if by_value is not None:
+      return self._by_key.get_or_put((by_value,) + key, make)
+    if isinstance(fun, types.FunctionType):
+      hash(key)
+      return _held_by(fun, self._name).get_or_put(key, make)
+    return self._by_key.get_or_put((fun,) + key, make)
+
+
+# The attribute of a function holding its values: `(a weak reference to
+# the function, {name: LRUCache})`. The reference tells the function's own
+# from those `functools.wraps` copied into a wrapper's attributes.
+_HELD = "__tfspmd_shared__"
+
+
+class _Held(tuple):
+  """A function's own values; pickled (with the function) as none."""
+
+  def __reduce__(self):
+    return _no_values, ()
+
+
+def _no_values():
+  return None
+
+
+def _held_by(fun, name):
+  """The cache of values `fun` holds under `name`, made on first use."""
+  held = fun.__dict__.get(_HELD)
+  if held is None or held[0]() is not fun:
+    held = _Held((weakref.ref(fun), {}))
+    fun.__dict__[_HELD] = held
+  cache = held[1].get(name)
+  if cache is None:
+    cache = held[1][name] = lru.LRUCache(lru.TRACE_CACHE_SIZE)
+  return cache

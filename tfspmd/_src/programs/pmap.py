@@ -322,8 +322,9 @@ def pmap(
 # reuses the first one's traces and compiled programs, as jax.pmap's cache,
 # keyed on the function, does; it would otherwise trace and compile on
 # every call. A new closure of the same code over the same values counts as
-# the same function (`function_keys`).
-_RECENT = lru.LRUCache(lru.TRACE_CACHE_SIZE)
+# the same function, and a dropped function frees its pmaps
+# (`function_keys.SharedByFunction`).
+_RECENT = function_keys.SharedByFunction("pmap")
 
 
 def _shared(arguments, make):
@@ -333,11 +334,10 @@ def _shared(arguments, make):
   leaves. Arguments that cannot be hashed (a function object that cannot)
   are not shared.
   """
+  fun, *rest = arguments
   try:
-    fun, *rest = arguments
-    key = (function_keys.function_key(fun) or fun,) + tuple((treedef, tuple(leaves)) for leaves, treedef in (
-        tree.flatten(value) for value in rest))
-    hash(key)
+    return _RECENT.get_or_put(fun, tuple(
+        (treedef, tuple(leaves)) for leaves, treedef in (
+            tree.flatten(value) for value in rest)), make)
   except TypeError:
     return make()
-  return _RECENT.get_or_put(key, make)

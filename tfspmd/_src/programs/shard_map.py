@@ -39,7 +39,6 @@ from tensorflow.experimental import dtensor
 from tfspmd._src.arguments import arguments
 from tfspmd._src.core import compile_log
 from tfspmd._src.core import function_keys
-from tfspmd._src.core import lru
 from tfspmd._src.core import stacking
 from tfspmd._src.core import tf_internal
 from tfspmd._src.executors import dtensor_values
@@ -593,8 +592,8 @@ def shard_map(
 # reuses its traces and compiled programs, as jax.jit's cache, keyed on the
 # function, does; it would otherwise trace and compile on every call. A new
 # closure of the same code over the same values counts as the same function
-# (`function_keys`).
-_RECENT = lru.LRUCache(lru.TRACE_CACHE_SIZE)
+# (`function_keys`); a dropped function frees its shard_maps.
+_RECENT = function_keys.SharedByFunction("shard_map")
 
 
 def _shared(arguments_key, make):
@@ -606,11 +605,9 @@ def _shared(arguments_key, make):
   """
   f, mesh, in_specs, out_specs, check = arguments_key
   try:
-    key = (function_keys.function_key(f) or f, mesh, check) + tuple(
+    return _RECENT.get_or_put(f, (mesh, check) + tuple(
         (treedef, tuple(leaves)) for leaves, treedef in (
             tree.flatten(specs, is_leaf=_is_spec)
-            for specs in (in_specs, out_specs)))
-    hash(key)
+            for specs in (in_specs, out_specs))), make)
   except TypeError:
     return make()
-  return _RECENT.get_or_put(key, make)
