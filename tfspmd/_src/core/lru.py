@@ -28,7 +28,9 @@ def clear_caches() -> None:
   Each pmapped, shard_mapped, vmapped and jitted function traces its
   programs anew at its next call; the pmaps and shard_maps shared between
   calls (`pmap(f)(x)` written in a loop) are made anew. Arrays the
-  programs captured are freed once nothing else holds them.
+  functions captured are freed once nothing else holds them; XLA keeps
+  the programs it compiled for the host executor (with the constants
+  inside them) for the rest of the process.
 
   Example:
     >>> import numpy as np, tfspmd
