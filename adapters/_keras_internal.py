@@ -59,6 +59,9 @@ PRIVATE_CLASSES = (
     ("keras.src.trainers.compile_utils", "CompileMetrics", ("_flatten_y",)),
     ("keras.layers", "Layer", ("_flatten_layers",)),
     ("keras.layers", "BatchNormalization", ("_moments",)),
+    ("keras.optimizers", "LossScaleOptimizer",
+     ("check_finite", "_stateless_handle_finite_grads",
+      "_stateless_handle_non_finite_grads")),
 )
 
 # Keras sets these on each instance (in the model's or optimizer's `__init__`
@@ -185,6 +188,29 @@ def check_instance_attributes(model):
 _PRIVATE = import_private_classes()
 TensorFlowTrainer = _PRIVATE["TensorFlowTrainer"]
 BaseOptimizer = _PRIVATE["BaseOptimizer"]
+
+
+# Read at import, outside any strategy's scope (inside one, the replica
+# context is None).
+_DEFAULT_REPLICA = (tf.distribute.get_replica_context() or
+                    contextlib.nullcontext())
+
+
+def without_strategy(step):
+  """`step`, traced in the default strategy's replica context.
+
+  A function tfspmd maps traces in a replica context whose strategy counts
+  the devices, for code written for `Strategy.run`. Keras' steps then
+  scale their losses and all-reduce their gradients as under
+  MirroredStrategy; the adapters do both themselves, as one-device `fit`
+  computes, so their steps see no strategy.
+  """
+  @functools.wraps(step)
+  def in_default_replica_context(*args, **kwargs):
+    with _DEFAULT_REPLICA:
+      return step(*args, **kwargs)
+
+  return in_default_replica_context
 
 
 def seed_state_positions(model):
@@ -321,12 +347,19 @@ def stateless_optimizer(optimizer):
   optimizer was built with (the TensorFlow key reads `variable.value`,
   which inside a StatelessScope is a tensor without one), and applies
   gradients without Keras' branches (`_apply_gradients_without_branches`). A
-  `LossScaleOptimizer` keeps its own `stateless_apply` (its `apply` goes
-  through `tf.distribute`); the optimizer it wraps gets the methods.
+  `LossScaleOptimizer` keeps its own steps (its `apply` goes through
+  `tf.distribute`) but selects between them rather than branching
+  (`_loss_scaled_apply_without_branches`); the optimizer it wraps gets the
+  methods.
   """
   if optimizer is not inner_optimizer(optimizer):
-    with stateless_optimizer(inner_optimizer(optimizer)):
-      yield optimizer
+    object.__setattr__(optimizer, "stateless_apply", types.MethodType(
+        _loss_scaled_apply_without_branches, optimizer))
+    try:
+      with stateless_optimizer(inner_optimizer(optimizer)):
+        yield optimizer
+    finally:
+      object.__delattr__(optimizer, "stateless_apply")
     return
   original_key = optimizer._var_key  # pylint: disable=protected-access
   keys = {id(v): original_key(v)
@@ -348,6 +381,38 @@ def stateless_optimizer(optimizer):
   finally:
     for name in patched:
       object.__delattr__(optimizer, name)
+
+
+def _loss_scaled_apply_without_branches(optimizer, optimizer_variables, grads,
+                                        trainable_variables):
+  """`LossScaleOptimizer.stateless_apply`, selecting instead of branching.
+
+  Keras' own applies the gradients in one branch of an `ops.cond` on
+  whether they are finite. A sparse gradient (an Embedding's) enters the
+  branch as a captured tensor whose dense shape is then unknown, and the
+  optimizer's update densifying it there has a number of rows pmap cannot
+  place. Both outcomes are computed outside a branch and the step's values
+  selected: a step whose gradients overflow leaves the weights as they were
+  and halves the loss scale, as in `fit`.
+
+  Args:
+    optimizer: The LossScaleOptimizer.
+    optimizer_variables: The values of its variables (its own, then the
+      wrapped optimizer's).
+    grads: The scaled gradients, one per trainable variable.
+    trainable_variables: The values of the trainable variables.
+
+  Returns:
+    `(trainable_variables, optimizer_variables)` after the step.
+  """
+  finite = optimizer.check_finite(grads)
+  applied = optimizer._stateless_handle_finite_grads(  # pylint: disable=protected-access
+      optimizer_variables, grads, trainable_variables)
+  skipped = optimizer._stateless_handle_non_finite_grads(  # pylint: disable=protected-access
+      optimizer_variables, trainable_variables)
+  return tuple([_select(finite, a, s) for a, s in zip(when_applied,
+                                                         when_skipped)]
+               for when_applied, when_skipped in zip(applied, skipped))
 
 
 def _apply_gradients_without_branches(optimizer, grads, trainable_variables):

@@ -8,10 +8,12 @@
   as replicated arguments (`in_axes=None`) from call to call within an
   epoch;
 - the model stays the one place the values live: they go back into its
-  variables at the end of every epoch (before the callbacks' `on_epoch_end`)
-  and are read from it again before the next step, so what callbacks or the
-  user assign (a learning rate, `set_weights`, `load_weights`, restored
-  best weights) is what training and `evaluate` go on from;
+  variables at the end of every epoch (before the callbacks' `on_epoch_end`),
+  after every batch where a callback has batch methods (ModelCheckpoint
+  with `save_freq` in batches) and when fit is interrupted, and are read
+  from it again before the next step, so what callbacks or the user assign
+  (a learning rate, `set_weights`, `load_weights`, restored best weights)
+  is what training and `evaluate` go on from;
 - each global batch is split over the devices (`tfspmd.adapters.tf_data`); each
   device runs Keras' functional step on its rows: `model.stateless_call`
   under a `tf.GradientTape`, the compiled loss (`stateless_compute_loss`),
@@ -166,9 +168,13 @@ class KerasTrainer:
   # model does not have yet, and only then is the model written. Reading
   # every variable costs one host-to-devices copy per epoch; telling which
   # variables changed would cost as much (a host read of each). Within an
-  # epoch the model's weights are those of the last epoch end; the learning
-  # rate, the value a batch-level callback sets, is read after each batch's
-  # callbacks (one scalar).
+  # epoch the model's weights are those of the last epoch end, unless a
+  # callback has batch methods of its own (ModelCheckpoint saving every n
+  # batches): the model is then written after each batch, before the
+  # callbacks see it, and read again for the next step. Otherwise the
+  # learning rate, the value a batch-level callback sets, is read after each
+  # batch's callbacks (one scalar). A fit stopped by an exception (a
+  # KeyboardInterrupt) leaves the model the values of its last step.
 
   @property
   def state(self) -> tuple[list[tfspmd.ShardedArray], ...] | None:
@@ -348,6 +354,7 @@ class KerasTrainer:
     Raises:
       TypeError, ValueError: For a bad argument, naming it, before any step.
     """
+    _keras_inputs.check_no_strategy(self.model, "fit")
     _keras_inputs.check_fit_arguments(epochs, initial_epoch, steps_per_epoch,
                                       verbose, callbacks)
     _keras_inputs.check_validation_arguments(validation_split, validation_data,
@@ -395,6 +402,9 @@ class KerasTrainer:
     finally:
       if stream is not None:
         stream.close()
+      # Interrupted (a KeyboardInterrupt, a callback's error), the model
+      # keeps the weights of the last step that ran, as in `fit`.
+      self.sync_to_model()
     if epochs > 0:
       # As fit does: an optimizer with `use_ema` gives the model the moving
       # averages of its weights.
@@ -422,6 +432,7 @@ class KerasTrainer:
     metrics of the trained model on them, as 'val_<name>'.
     """
     callback_list.on_epoch_begin(epoch)
+    reads_model = _reads_model_per_batch(callback_list)
     step = 0
     logs = {}
     for batch in batches:
@@ -436,6 +447,8 @@ class KerasTrainer:
       # In sorted order, as Keras 3 reports them.
       logs = {name: _log_value(np.asarray(value)[0, -1])
               for name, value in sorted(step_logs.items())}
+      if reads_model:
+        self.sync_to_model()
       callback_list.on_train_batch_end(step - 1, logs)
       if self.model.stop_training:
         break
@@ -486,6 +499,7 @@ class KerasTrainer:
       metric whose result is not a scalar (F1Score per class) gives a NumPy
       array instead of a float.
     """
+    _keras_inputs.check_no_strategy(self.model, "evaluate")
     _keras_inputs.check_verbose(verbose, _keras_inputs.called("evaluate"))
     _keras_inputs.check_callbacks(callbacks, "evaluate")
     dataset = _keras_inputs.global_batches(x, y, sample_weight, batch_size,
@@ -511,7 +525,8 @@ class KerasTrainer:
     logs = {}
     if self._test_call is None:
       self._test_call = tfspmd.pmap(
-          self._test_step, self.axis_name, in_axes=(None, None, None, 0),
+          _keras_internal.without_strategy(self._test_step), self.axis_name,
+          in_axes=(None, None, None, 0),
           out_axes=None, jit_compile=self._jit_compile())
     callback_list.on_test_begin()
     for step, batch in enumerate(batches):
@@ -549,6 +564,7 @@ class KerasTrainer:
       row, in order, or the model's structure of them for a model with
       several outputs.
     """
+    _keras_inputs.check_no_strategy(self.model, "predict")
     _keras_inputs.check_verbose(verbose, _keras_inputs.called("predict"))
     _keras_inputs.check_callbacks(callbacks, "predict")
     dataset = _keras_inputs.prediction_inputs(x, batch_size)
@@ -564,7 +580,8 @@ class KerasTrainer:
                             model.non_trainable_variables))
     if self._predict_call is None:
       self._predict_call = tfspmd.pmap(
-          self._predict_step, self.axis_name, in_axes=(None, None, 0),
+          _keras_internal.without_strategy(self._predict_step), self.axis_name,
+          in_axes=(None, None, 0),
           jit_compile=self._jit_compile())
     callback_list = _callback_list(callbacks, verbose, dataset, model)
     callback_list.on_predict_begin()
@@ -581,10 +598,71 @@ class KerasTrainer:
     return tf.nest.map_structure(lambda *parts: np.concatenate(parts),
                                  *outputs)
 
+  # --- one batch ---------------------------------------------------------------
+
+  def train_on_batch(self, x: Any, y: Any = None, *, sample_weight: Any = None,
+                     class_weight: dict[int, float] | None = None,
+                     return_dict: bool = False) -> Any:
+    """One training step on one global batch, like `model.train_on_batch`.
+
+    The batch is split over the devices (padded where it does not divide by
+    them), the metrics start afresh, and the model holds the trained values
+    afterwards.
+
+    Args:
+      x, y, sample_weight: The batch's arrays, as `model.train_on_batch`
+        takes them.
+      class_weight: As for `fit`.
+      return_dict: As for `evaluate`.
+
+    Returns:
+      The loss and metrics of the step, as `evaluate` returns them.
+    """
+    dataset = self._one_batch(x, y, sample_weight, "train_on_batch",
+                              class_weight)
+    batch = next(iter(_step_batches.device_batches(
+        dataset, len(self.devices), "pad", 1, self._own_step("train_step"))))
+    state = self._step_state()
+    self._state, step_logs = self._train_call(1)(
+        state[:3] + (self._reset_metrics,), batch)
+    self._devices_ahead = True
+    self.sync_to_model()
+    logs = {name: _log_value(np.asarray(value)[0, -1])
+            for name, value in sorted(step_logs.items())}
+    if return_dict:
+      return logs
+    return _keras_internal.metrics_in_order(self.model, logs)
+
+  def test_on_batch(self, x: Any, y: Any = None, *, sample_weight: Any = None,
+                    return_dict: bool = False) -> Any:
+    """The loss and metrics on one global batch, like `model.test_on_batch`."""
+    dataset = self._one_batch(x, y, sample_weight, "test_on_batch")
+    logs = self._test_logs(
+        _step_batches.device_batches(dataset, len(self.devices), "pad", None,
+                                     self._own_step("test_step")),
+        keras.callbacks.CallbackList(model=self.model))
+    if return_dict:
+      return logs
+    return _keras_internal.metrics_in_order(self.model, logs)
+
+  def predict_on_batch(self, x: Any) -> Any:
+    """The model's outputs on one global batch, like `model.predict_on_batch`."""
+    return self.predict(x, batch_size=max(1, _rows(x)))
+
+  def _one_batch(self, x, y, sample_weight, method, class_weight=None):
+    """A dataset of the one batch of arrays `x`, `y`, `sample_weight`; built."""
+    _keras_inputs.check_no_strategy(self.model, method)
+    dataset = _keras_inputs.global_batches(
+        x, y, sample_weight, max(1, _rows(x)), "pad", self.model, method,
+        shuffle=False, class_weight=class_weight)
+    self.build(dataset)
+    return dataset
+
   def _train_call(self, steps):
     call = self._train_calls.get(steps)
     if call is None:
-      call = tfspmd.pmap(self._train_step, self.axis_name, in_axes=(None, 0),
+      call = tfspmd.pmap(_keras_internal.without_strategy(self._train_step),
+                         self.axis_name, in_axes=(None, 0),
                          out_axes=(None, 0), steps=steps,
                          jit_compile=self._jit_compile())
       self._train_calls[steps] = call
@@ -690,6 +768,11 @@ class KerasTrainer:
 _KERAS_BATCH_SIZE = 32
 
 
+def _rows(x):
+  """The number of rows of arrays `x` (of their first leaf)."""
+  return len(tf.nest.flatten(x)[0])
+
+
 def _log_value(value):
   """A metric's result as Keras logs it: a float, or an array if not scalar."""
   array = np.asarray(value)
@@ -703,6 +786,24 @@ def _callback_list(callbacks, verbose, dataset, model):
       callbacks, add_progbar=verbose != 0,
       verbose=1 if verbose == "auto" else verbose, epochs=1,
       steps=cardinality if cardinality >= 0 else None, model=model)
+
+
+def _reads_model_per_batch(callback_list):
+  """Whether a callback may read the model between batches.
+
+  Keras' progress bar and history do not; any other callback with its own
+  batch methods (ModelCheckpoint with `save_freq` in batches, the user's)
+  may, so the model gets the devices' values after each batch then.
+  """
+  hooks = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin",
+           "on_batch_end")
+  return any(
+      getattr(type(callback), hook) is not getattr(keras.callbacks.Callback,
+                                                   hook)
+      for callback in callback_list.callbacks
+      if not isinstance(callback, (keras.callbacks.ProgbarLogger,
+                                   keras.callbacks.History))
+      for hook in hooks)
 
 
 def _validates_after(epoch, validation_freq):

@@ -15,6 +15,7 @@ from tfspmd._src.arguments import out_axes as out_axes_lib
 from tfspmd._src.core import op_types
 from tfspmd._src.core import stacking
 from tfspmd._src.core import tf_internal
+from tfspmd._src.programs import replica_context
 from tfspmd._src.rewrites import control_flow
 from tfspmd._src.rewrites import converters
 from tfspmd._src.rewrites import dtensor_rewrites
@@ -118,7 +119,8 @@ def map_over_axis(fun, *, frame_template, inputs, in_axes, rebuild_args,
         # refused as a write the user never wrote.
         with tf.variable_creator_scope(functools.partial(
             _refuse_variable, axis_name=axis_name)), \
-            dtensor_rewrites.rewriting_traced_ops():
+            dtensor_rewrites.rewriting_traced_ops(), \
+            replica_context.replica_of_device_axes():
           result = fun(*args, **kwargs)
       except tf.errors.OperatorNotAllowedInGraphError as e:
         raise _python_control_flow_error(e, axis_name) from None
