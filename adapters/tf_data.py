@@ -412,13 +412,13 @@ def _background(items, buffer_size):
   finally:
     stop.set()
     # Emptied, the buffer takes the item a waiting producer holds; the
-    # producer then sees the stop and ends, in its own time: the item it
-    # may be making is not waited for.
+    # producer then sees the stop and ends.
     while True:
       try:
         buffer.get_nowait()
       except queue.Empty:
         break
+    thread.join()
 
 
 def _put(buffer, item, stop):
