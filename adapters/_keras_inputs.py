@@ -70,6 +70,34 @@ def check_keras_model(model, caller="KerasTrainer"):
         f"Keras 2 model has no stateless path; rebuild it with Keras 3.)")
 
 
+def check_no_strategy(model, method):
+  """Raises if a `tf.distribute` strategy is in scope or holds the model.
+
+  The devices' program divides each device's loss by the number of devices
+  already; in a strategy's scope Keras would divide it again by the
+  strategy's replicas (training at a fraction of the learning rate), and a
+  model built in one has variables only that strategy may write.
+
+  Args:
+    model: The Keras model about to run.
+    method: 'fit', 'evaluate', 'predict' or another method, for the message.
+  """
+  if tf.distribute.has_strategy():
+    where = (f"inside the scope of a tf.distribute."
+             f"{type(tf.distribute.get_strategy()).__name__}")
+  elif model.distribute_strategy is not tf.distribute.get_strategy():
+    where = (f"on a model built under the scope of a tf.distribute."
+             f"{type(model.distribute_strategy).__name__}")
+  else:
+    return
+  raise ValueError(
+      f"{called(method)} {where}: tfspmd runs the model data-parallel over "
+      f"the devices itself, and a strategy would distribute it a second "
+      f"time. Build, compile and train the model outside any "
+      f"`with strategy.scope():` (drop the strategy; "
+      f"tfspmd.adapters.data_parallel(model) takes its place).")
+
+
 def check_verbose(verbose, caller):
   """Raises unless `verbose` is one `model.fit` takes."""
   if verbose not in ("auto", 0, 1, 2) or isinstance(verbose, bool):
@@ -231,15 +259,19 @@ def prediction_inputs(x, batch_size):
           f"{called('predict')}: with a tf.data.Dataset, give no "
           "`batch_size`: the dataset's elements are the global batches.")
     tf_data.check_element_spec(x.element_spec, called("predict"), "x")
-    return tf_data.map_as_written(x, lambda *element: (
+    dataset = tf_data.map_as_written(x, lambda *element: (
         keras.utils.unpack_x_y_sample_weight(
             element[0] if len(element) == 1 else element)[0],))
-  if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
-    raise ValueError(
-        f"{called('predict')}: `batch_size` must be an int >= 1, got "
-        f"{batch_size!r}.")
-  _length("x", x, "predict")
-  return tf.data.Dataset.from_tensor_slices((x,)).batch(batch_size or 32)
+  else:
+    if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
+      raise ValueError(
+          f"{called('predict')}: `batch_size` must be an int >= 1, got "
+          f"{batch_size!r}.")
+    _length("x", x, "predict")
+    dataset = tf.data.Dataset.from_tensor_slices((x,)).batch(batch_size or 32)
+  _check_no_strings(dataset.element_spec[0], "x", called("predict"),
+                    "dataset.map(lookup)")
+  return dataset
 
 
 def check_state(value, variables):
@@ -384,14 +416,8 @@ def _check_elements(spec, model, method):
         f"{caller}: the dataset's elements must be `x`, `(x,)`, `(x, y)` or "
         f"`(x, y, sample_weight)`; got a tuple of {len(spec)}.") from None
   for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
-    for path, leaf in tf_data.named_leaves(part, name):
-      if leaf is not None and leaf.dtype == tf.string:
-        raise ValueError(
-            f"{caller}: {path} holds strings, which cannot go onto the "
-            f"devices. Turn them into numbers in the input pipeline, e.g. "
-            f"`dataset.map(lambda x, y: (lookup(x), y))` with a "
-            f"keras.layers.StringLookup or TextVectorization adapted "
-            f"beforehand, and give the model that layer's output as input.")
+    _check_no_strings(part, name, caller, "dataset.map(lambda x, y: "
+                      "(lookup(x), y))")
   users = _keras_internal.compiled_users_of_targets(model)
   if y is None and users:
     raise ValueError(
@@ -400,6 +426,25 @@ def _check_elements(spec, model, method):
         f"elements (x, y) (or arrays `x` and `y`), or compile without "
         f"loss and metrics for a model whose losses are its own (add_loss).")
   _check_sample_weight(y, sample_weight, caller)
+
+
+def _check_no_strings(spec, name, caller, mapped):
+  """Raises, naming the part, if a leaf of `spec` holds strings.
+
+  Args:
+    spec: The `tf.TensorSpec`s of a part of the batches.
+    name: The part's name ('x', 'y' or 'sample_weight').
+    caller: The method, for the message.
+    mapped: The `dataset.map` call the message shows.
+  """
+  for path, leaf in tf_data.named_leaves(spec, name):
+    if leaf is not None and leaf.dtype == tf.string:
+      raise ValueError(
+          f"{caller}: {path} holds strings, which cannot go onto the "
+          f"devices. Turn them into numbers in the input pipeline, e.g. "
+          f"`{mapped}` with a keras.layers.StringLookup or TextVectorization "
+          f"adapted beforehand, and give the model that layer's output as "
+          f"input.")
 
 
 def _check_sample_weight(y, sample_weight, caller):

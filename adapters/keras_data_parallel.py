@@ -15,16 +15,19 @@ What differs from `KerasTrainer` is only what makes the calls `fit`'s own:
 
 - the arguments are `model.fit`'s, in its order, with its defaults: arrays
   are taken in batches of 32 when no `batch_size` is given, `shuffle` is
-  ignored for a dataset, and a last batch that does not divide by the
-  devices is padded with rows that count nowhere (`remainder='pad'`) rather
-  than refused;
+  ignored for a dataset and so is `batch_size` (with a warning), and a last
+  batch that does not divide by the devices is padded with rows that count
+  nowhere (`remainder='pad'`) rather than refused;
 - a `keras.utils.PyDataset` or a Python generator of batches is read as
   `model.fit` reads it, one global batch per item;
 - `validation_steps` and `steps` take that many batches of a dataset;
 - the model may be compiled (or compiled again) after `data_parallel`: each
   call runs the model as it is compiled then.
 
-The model keeps its class, its weights and its saving; only the three
+`train_on_batch`, `test_on_batch` and `predict_on_batch` run over the
+devices too, one global batch each.
+
+The model keeps its class, its weights and its saving; only these six
 methods of this one model object are replaced.
 """
 
@@ -32,6 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 import inspect
+import warnings
+
 import numpy as np
 import tensorflow as tf
 
@@ -56,8 +61,8 @@ def data_parallel(model: keras.Model, *, num_devices: int | None = None,
     axis_name: The name of the data axis, for collectives.
 
   Returns:
-    `model` itself, whose `fit`, `evaluate` and `predict` now run over the
-    devices. Calling `data_parallel` again on it changes nothing if the
+    `model` itself, whose `fit`, `evaluate` and `predict` (and their
+    `*_on_batch` forms) now run over the devices. Calling `data_parallel` again on it changes nothing if the
     arguments are the same.
 
   Raises:
@@ -90,13 +95,14 @@ def data_parallel(model: keras.Model, *, num_devices: int | None = None,
   # Keras tracks what is assigned to a model's attributes; these are plain
   # methods of this one object, so they bypass the tracking.
   object.__setattr__(model, _RUNNER, runner)
-  for name in ("fit", "evaluate", "predict"):
+  for name in ("fit", "evaluate", "predict", "train_on_batch",
+               "test_on_batch", "predict_on_batch"):
     object.__setattr__(model, name, getattr(runner, name))
   return model
 
 
 class _DataParallelCalls:
-  """`fit`, `evaluate` and `predict` of one model, through a `KerasTrainer`."""
+  """`fit`, `evaluate`, `predict` and their `*_on_batch` forms of one model."""
 
   def __init__(self, model, num_devices, axis_name):
     self.model = model
@@ -184,6 +190,8 @@ class _DataParallelCalls:
     _keras_inputs.check_verbose(verbose, "model.predict")
     if not isinstance(x, tf.data.Dataset) and _is_stream(x):
       x = _as_dataset(x, "model.predict")
+    if isinstance(x, tf.data.Dataset):
+      batch_size = _ignored_batch_size(batch_size, "model.predict")
     if steps is not None:
       if not isinstance(x, tf.data.Dataset):
         x = tf.data.Dataset.from_tensor_slices(x).batch(batch_size or 32)
@@ -192,6 +200,27 @@ class _DataParallelCalls:
     with _keras_inputs.called_as("model"):
       return self._predicting_trainer().predict(
           x, batch_size=batch_size, verbose=verbose, callbacks=callbacks)
+
+  def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,
+                     return_dict=False):
+    """`keras.Model.train_on_batch`, data-parallel over the devices."""
+    trainer = self.trainer("model.train_on_batch")
+    with _keras_inputs.called_as("model"):
+      return trainer.train_on_batch(x, y, sample_weight=sample_weight,
+                                    class_weight=class_weight,
+                                    return_dict=return_dict)
+
+  def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
+    """`keras.Model.test_on_batch`, data-parallel over the devices."""
+    trainer = self.trainer("model.test_on_batch")
+    with _keras_inputs.called_as("model"):
+      return trainer.test_on_batch(x, y, sample_weight=sample_weight,
+                                   return_dict=return_dict)
+
+  def predict_on_batch(self, x):
+    """`keras.Model.predict_on_batch`, data-parallel over the devices."""
+    with _keras_inputs.called_as("model"):
+      return self._predicting_trainer().predict_on_batch(x)
 
   def _predicting_trainer(self):
     # model.predict needs no compile: neither does this.
@@ -215,8 +244,23 @@ def _inputs(x, y, sample_weight, batch_size, shuffle, method):
     if not isinstance(x, tf.data.Dataset):
       x = _as_dataset(x, method, shuffle=bool(shuffle))
     # model.fit ignores `shuffle` for a dataset (its default is True).
-    return x, y, sample_weight, batch_size, None
+    return x, y, sample_weight, _ignored_batch_size(batch_size, method), None
   return x, y, sample_weight, 32 if batch_size is None else batch_size, shuffle
+
+
+def _ignored_batch_size(batch_size, method):
+  """None, warning that a `batch_size` given with a dataset goes unused.
+
+  Keras' own methods take the batches a dataset (or a PyDataset, or a
+  generator) gives and ignore `batch_size` beside one; so do these.
+  """
+  if batch_size is not None:
+    warnings.warn(
+        f"{method}: `batch_size={batch_size!r}` is ignored, as Keras ignores "
+        f"it for a dataset: the dataset's elements are the global batches. "
+        f"Batch the dataset itself (dataset.batch(n)), and leave "
+        f"`batch_size` out.", stacklevel=3)
+  return None
 
 
 def _is_stream(x):

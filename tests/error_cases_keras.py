@@ -11,6 +11,7 @@ from tfspmd.adapters import keras_training
 from tfspmd.adapters import tf_data
 
 from error_catalogue import case, KERAS
+import mirrored
 
 
 def _tiny_model(loss="mse", metrics=None):
@@ -353,6 +354,23 @@ def keras_class_weight_several_targets():
       r"got 0")
 def keras_predict_batch_size():
   keras_training.KerasTrainer(_tiny_model()).predict(_xy()[0], batch_size=0)
+
+
+@case("keras-predict-string-input", KERAS, "predict on string inputs",
+      ValueError, r"KerasTrainer.predict: x holds strings, which cannot go "
+      r"onto the devices.*StringLookup")
+def keras_predict_string_input():
+  keras_training.KerasTrainer(_tiny_model()).predict(np.array(["a"] * 8))
+
+
+@case("keras-in-a-strategy-scope", KERAS,
+      "fit inside a tf.distribute.MirroredStrategy's scope", ValueError,
+      r"KerasTrainer.fit inside the scope of a tf.distribute."
+      r"MirroredStrategy: .*outside any `with strategy.scope\(\):`")
+def keras_in_a_strategy_scope():
+  trainer = keras_training.KerasTrainer(_tiny_model())
+  with mirrored.strategy().scope():
+    trainer.fit(*_xy(), batch_size=8, verbose=0)
 
 
 @case("device-batches-unbatched", KERAS, "device_batches of an unbatched "

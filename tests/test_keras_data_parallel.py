@@ -499,3 +499,168 @@ def test_dict_inputs_and_outputs_with_sample_weights_and_no_tf_warnings():
   assert_same_weights(model, reference)
   for name, value in reference.predict(x, verbose=0).items():
     np.testing.assert_allclose(predicted[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_a_strategys_scope_is_a_clear_error_not_a_smaller_step():
+  x, y = data()
+  strategy = mirrored.strategy()
+  model = data_parallel(mlp())
+  with strategy.scope():
+    with pytest.raises(ValueError, match=r"^model\.fit inside the scope of a "
+                       r"tf\.distribute\.MirroredStrategy: .*outside any "
+                       r"`with strategy\.scope\(\):`"):
+      model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  # Built, compiled and trained in the scope: Keras would divide each
+  # device's loss by the strategy's replicas once more.
+  with strategy.scope():
+    in_scope = data_parallel(mlp())
+    with pytest.raises(ValueError, match=r"^model\.fit inside the scope"):
+      in_scope.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  with pytest.raises(ValueError, match=r"^model\.(fit|evaluate|predict) on "
+                     r"a model built under the scope of a tf\.distribute\."
+                     r"MirroredStrategy"):
+    in_scope.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+  with pytest.raises(ValueError, match=r"^model\.predict on a model built"):
+    in_scope.predict(x, verbose=0)
+  # Out of the scope, the first model trains as fit does.
+  reference = mlp()
+  expected = reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False,
+                           verbose=0).history
+  history = model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False,
+                      verbose=0).history
+  assert_same_history(history, expected)
+  assert_same_weights(model, reference)
+
+
+def test_mixed_float16_with_an_embedding_equals_fit():
+  rng = np.random.default_rng(4)
+  x = rng.integers(0, 4, (64, 4)).astype(np.int32)
+  y = rng.integers(0, 2, 64).astype(np.int32)
+  keras.mixed_precision.set_global_policy("mixed_float16")
+  try:
+    reference = embedding_model()
+    expected = reference.fit(x, y, batch_size=32, epochs=2, shuffle=False,
+                             verbose=0).history
+    model = data_parallel(embedding_model())
+    history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False,
+                        verbose=0).history
+  finally:
+    keras.mixed_precision.set_global_policy("float32")
+  assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+  assert_same_history(history, expected, rtol=1e-3)
+  assert_same_weights(model, reference, rtol=1e-3, atol=1e-4)
+
+
+def test_batch_size_beside_a_dataset_is_ignored_as_keras_ignores_it():
+  x, y = data()
+  dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+  reference = mlp()
+  expected = reference.fit(dataset, batch_size=8, epochs=2, verbose=0).history
+  model = data_parallel(mlp())
+  with pytest.warns(UserWarning, match=r"^model\.fit: `batch_size=8` is "
+                    r"ignored, as Keras ignores it for a dataset"):
+    history = model.fit(dataset, batch_size=8, epochs=2, verbose=0).history
+  assert_same_history(history, expected)
+  assert_same_weights(model, reference)
+  with pytest.warns(UserWarning, match=r"^model\.evaluate: `batch_size=8`"):
+    np.testing.assert_allclose(
+        model.evaluate(dataset, batch_size=8, verbose=0),
+        reference.evaluate(dataset, batch_size=8, verbose=0), rtol=1e-5)
+  with pytest.warns(UserWarning, match=r"^model\.predict: `batch_size=8`"):
+    np.testing.assert_allclose(
+        model.predict(dataset, batch_size=8, verbose=0),
+        reference.predict(dataset, batch_size=8, verbose=0), rtol=1e-5,
+        atol=1e-6)
+
+
+class _InterruptAfterBatch(keras.callbacks.Callback):
+
+  def __init__(self, batch):
+    super().__init__()
+    self.batch = batch
+
+  def on_train_batch_end(self, batch, logs=None):
+    if batch == self.batch:
+      raise KeyboardInterrupt
+
+
+def test_an_interrupt_mid_epoch_leaves_the_last_steps_weights():
+  x, y = data()
+  reference = mlp()
+  with pytest.raises(KeyboardInterrupt):
+    reference.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[_InterruptAfterBatch(1)])
+  model = data_parallel(mlp())
+  with pytest.raises(KeyboardInterrupt):
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[_InterruptAfterBatch(1)])
+  assert_same_weights(model, reference)
+  # And fit goes on from there, as Keras' does.
+  reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+  model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+  assert_same_weights(model, reference)
+
+
+def test_model_checkpoint_every_3_batches_saves_as_fit(tmp_path):
+  x, y = data()
+  saved = {}
+  for name, model in (("fit", mlp()), ("data_parallel",
+                                       data_parallel(mlp()))):
+    path = tmp_path / name
+    path.mkdir()
+    checkpoint = keras.callbacks.ModelCheckpoint(
+        str(path / "{epoch}-{batch}.weights.h5"), save_weights_only=True,
+        save_freq=3)
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+              callbacks=[checkpoint])
+    saved[name] = sorted(p.name for p in path.iterdir())
+  # 96 rows in batches of 16: 6 batches an epoch, saved after 3 and 6.
+  assert saved["fit"] == saved["data_parallel"] == [
+      "1-3.weights.h5", "1-6.weights.h5", "2-3.weights.h5", "2-6.weights.h5"]
+  for file in saved["fit"]:
+    reference, model = mlp(compile_now=False), mlp(compile_now=False)
+    reference.load_weights(str(tmp_path / "fit" / file))
+    model.load_weights(str(tmp_path / "data_parallel" / file))
+    assert_same_weights(model, reference)
+
+
+def test_on_batch_methods_run_over_the_devices(caplog):
+  x, y = data()
+  reference = mlp()
+  model = data_parallel(mlp())
+  caplog.set_level(logging.WARNING, logger="tfspmd")
+  tfspmd.config.update("tfspmd_log_compiles", True)
+  try:
+    for rows in (slice(0, 32), slice(32, 52)):  # the second: 20 rows, padded
+      np.testing.assert_allclose(
+          model.train_on_batch(x[rows], y[rows]),
+          reference.train_on_batch(x[rows], y[rows]), rtol=1e-5)
+      assert_same_weights(model, reference)
+    assert model.train_on_batch(x[:32], y[:32], return_dict=True).keys() == (
+        reference.train_on_batch(x[:32], y[:32], return_dict=True).keys())
+    np.testing.assert_allclose(model.test_on_batch(x[:20], y[:20]),
+                               reference.test_on_batch(x[:20], y[:20]),
+                               rtol=1e-5)
+    np.testing.assert_allclose(model.predict_on_batch(x[:20]),
+                               reference.predict_on_batch(x[:20]), rtol=1e-5,
+                               atol=1e-6)
+  finally:
+    tfspmd.config.update("tfspmd_log_compiles", False)
+  traced = " ".join(r.getMessage() for r in caplog.records)
+  for step in ("_train_step", "_test_step", "_predict_step"):
+    assert f"KerasTrainer.{step}" in traced, step
+
+
+def test_predict_on_strings_is_a_clear_error():
+  lookup = keras.layers.StringLookup(vocabulary=["a", "b"])
+  model = data_parallel(keras.Sequential(
+      [keras.Input((1,), dtype="string"), lookup,
+       keras.layers.Embedding(3, 2)]))
+  words = np.array([["a"], ["b"], ["c"]])
+  with pytest.raises(ValueError, match=r"^model\.predict: x holds strings, "
+                     r"which cannot go onto the devices.*dataset\.map"
+                     r"\(lookup\).*StringLookup or TextVectorization"):
+    model.predict(words, verbose=0)
+  with pytest.raises(ValueError, match=r"^model\.predict: x holds strings"):
+    model.predict(tf.data.Dataset.from_tensor_slices(words).batch(2),
+                  verbose=0)
