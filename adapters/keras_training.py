@@ -146,6 +146,7 @@ class KerasTrainer:
     self.axis_name = axis_name
     self._state = None
     self._variables = None
+    self._write_variables = None
     self._devices_ahead = False
     self._known_learning_rate = None
     self._reset_metrics = None
@@ -222,6 +223,7 @@ class KerasTrainer:
       return
     self.model.reset_metrics()
     self._variables = variables
+    self._write_variables = None
     self._train_calls = {}
     self._test_call = None
     self._predict_call = None
@@ -237,9 +239,18 @@ class KerasTrainer:
     """
     if self._state is None or not self._devices_ahead:
       return
-    for variables, values in zip(self._variables, self._state):
-      for variable, value in zip(variables, values):
-        variable.assign(np.asarray(value))
+    if self._write_variables is None:
+      variables = [v for part in self._variables for v in part]
+
+      def write(values):
+        for variable, value in zip(variables, values):
+          variable.assign(value)
+
+      # One call writes them all: an eager assign each would wait for the
+      # interpreter's lock behind the thread placing the next batches.
+      self._write_variables = tf.function(write, autograph=False)
+    self._write_variables([tf.convert_to_tensor(value)
+                           for values in self._state for value in values])
     self._devices_ahead = False
 
   def _pull(self):
@@ -791,9 +802,10 @@ def _callback_list(callbacks, verbose, dataset, model):
 def _reads_model_per_batch(callback_list):
   """Whether a callback may read the model between batches.
 
-  Keras' progress bar and history do not; any other callback with its own
-  batch methods (ModelCheckpoint with `save_freq` in batches, the user's)
-  may, so the model gets the devices' values after each batch then.
+  Keras' progress bar, history and TerminateOnNaN (which reads the logs)
+  do not; any other callback with its own batch methods (ModelCheckpoint
+  with `save_freq` in batches, the user's) may, so the model gets the
+  devices' values after each batch then.
   """
   hooks = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin",
            "on_batch_end")
@@ -802,7 +814,8 @@ def _reads_model_per_batch(callback_list):
                                                    hook)
       for callback in callback_list.callbacks
       if not isinstance(callback, (keras.callbacks.ProgbarLogger,
-                                   keras.callbacks.History))
+                                   keras.callbacks.History,
+                                   keras.callbacks.TerminateOnNaN))
       for hook in hooks)
 
 
