@@ -7,7 +7,7 @@ einsum"). Each has a static equivalent once the per-device shapes are
 known: a reverse or a roll is a gather of permuted positions, an argmin the
 argmax of the negated value, a band a mask, a diagonal a gather, and an
 ellipsis stands for as many explicit axis letters as the operands' ranks
-leave, and a roll by a shift that differs between devices a gather of
+leave (a size-1 axis it broadcasts, a letter summed over), and a roll by a shift that differs between devices a gather of
 each device's own positions. pfor's own converter of a depthwise
 convolution needs a per-device filter; with a filter the same everywhere,
 the devices fold into the batch, and so they do for the image resizes pfor
@@ -53,7 +53,7 @@ def rewriting_traced_ops():
   pfor copies an op whose inputs are the same on every device as it is,
   with no converter, so these are rewritten before pfor sees them (an op
   callback): a select with a scalar condition gets a full one, the
-  scatters take int32 indices, sorted segment reductions over constant
+  scatters take int32 indices, an einsum's ellipsis is written out, sorted segment reductions over constant
   ids get their static size and transposes their permutation as a
   constant (`_REWRITES`); slices and broadcasts that the mapped axes would
   take past rank 8 run on merged dimensions (`rank_limits`). Nested pmaps
@@ -169,7 +169,27 @@ def _read_before_control_flow(op_type, inputs, outputs, name):
                                       dtype=outputs[0].dtype)]
 
 
+def _explicit_einsum(op_type, inputs, outputs, name):
+  """An `Einsum` with an ellipsis, as one with the axis letters written out.
+
+  DTensor refuses an ellipsis ("Broadcasting is unimplemented for einsum",
+  TF 2.21); pfor copies an einsum of values the same on every device as it
+  is, so its converter (`_convert_einsum`) never sees it.
+  """
+  del op_type
+  equation = outputs[0].op.get_attr("equation").decode()
+  shapes = [value.shape for value in inputs]
+  if ("..." not in equation or "->" not in equation or
+      None in [shape.rank for shape in shapes]):
+    return None
+  explicit = explicit_equation(equation, shapes)
+  if explicit is None:
+    return None
+  return [tf.raw_ops.Einsum(inputs=inputs, equation=explicit, name=name)]
+
+
 _REWRITES = {
+    "Einsum": _explicit_einsum,
     "ReadVariableOp": _read_before_control_flow,
     "Transpose": _constant_permutation,
     "Select": _full_condition_select,
@@ -199,46 +219,71 @@ def _convert_reverse(op_inputs):
   return [tf_internal.wrap_converted(value, stacked)]
 
 
-def explicit_equation(equation, ranks):
+def explicit_equation(equation, shapes):
   """`equation` with each `...` replaced by the axis letters it stands for.
+
+  The ellipsis broadcasts as NumPy's does: an operand whose ellipsis covers
+  fewer axes than another's takes the last letters (TensorFlow's einsum
+  gradient writes `...` into an operand that covers none), and an axis of
+  size 1 that broadcasts against a longer one takes a letter of its own,
+  which the einsum sums over: a sum of one element, the element itself.
 
   Args:
     equation: An einsum equation with an explicit output (`->`).
-    ranks: The rank of each operand.
+    shapes: The static shape of each operand (`tf.TensorShape`s).
 
   Returns:
-    The equation without ellipses, or None where the ellipsis dims must be
-    broadcast (operands whose ellipses cover different ranks).
+    The equation without ellipses, or None where a broadcasting axis's size
+    is not known.
 
-  >>> explicit_equation('...d,...d->...', [3, 3])
+  >>> explicit_equation('...d,...d->...', [[2, 3, 4], [2, 3, 4]])
   'abd,abd->ab'
+  >>> explicit_equation('...v,vd...->...d', [[4, 3, 8], [8, 2]])
+  'abv,vd->abd'
   """
   inputs, output = equation.replace(" ", "").split("->")
   terms = inputs.split(",")
-  unused = [c for c in string.ascii_letters if c not in equation]
-  covered = {rank - len(term.replace("...", ""))
-             for term, rank in zip(terms, ranks) if "..." in term}
-  if len(covered) != 1:
-    return None
-  letters = "".join(unused[:covered.pop()])
-  return ",".join(t.replace("...", letters) for t in terms) + "->" + (
-      output.replace("...", letters))
+  unused = iter(c for c in string.ascii_letters if c not in equation)
+  ellipses = {}  # operand -> the sizes its ellipsis covers
+  for k, (term, shape) in enumerate(zip(terms, shapes)):
+    if "..." in term:
+      shape = list(tf.TensorShape(shape))
+      count = len(shape) - len(term.replace("...", ""))
+      ellipses[k] = shape[term.index("..."):][:count]
+  width = max(len(sizes) for sizes in ellipses.values())
+  letters = [next(unused) for _ in range(width)]
+  broadcast = [1] * width
+  for sizes in ellipses.values():
+    for position, size in enumerate(sizes, width - len(sizes)):
+      if size is None:
+        if len({len(s) for s in ellipses.values()}) > 1:
+          return None
+        broadcast[position] = None
+      elif size != 1 and broadcast[position] is not None:
+        broadcast[position] = size
+  for k, sizes in ellipses.items():
+    own = "".join(
+        next(unused) if size == 1 and broadcast[position] not in (1, None)
+        else letters[position]
+        for position, size in enumerate(sizes, width - len(sizes)))
+    terms[k] = terms[k].replace("...", own)
+  return ",".join(terms) + "->" + output.replace("...", "".join(letters))
 
 
 @_do_not_convert
 def _convert_einsum(op_inputs):
   equation = op_inputs.op.get_attr("equation").decode()
-  ranks = [t.shape.rank for t in op_inputs.op.inputs]
+  shapes = [t.shape for t in op_inputs.op.inputs]
   explicit = None
-  if "->" in equation and None not in ranks:
-    explicit = explicit_equation(equation, ranks)
+  if "->" in equation and None not in [s.rank for s in shapes]:
+    explicit = explicit_equation(equation, shapes)
   if explicit is None:
     raise ValueError(
         f"tf.einsum({equation!r}) in a mapped function: DTensor (TF 2.21) "
-        f"cannot place an einsum whose ellipsis broadcasts, and tfspmd writes "
-        f"the ellipsis out only when it covers the same number of axes in "
-        f"every operand and the output is given with '->'. Write the axes "
-        f"out, or broadcast the operands first.")
+        f"cannot place an einsum with an ellipsis, and tfspmd writes the "
+        f"ellipsis out only where the operands' ranks and the sizes of the "
+        f"axes it broadcasts are known and the output is given with '->'. "
+        f"Write the axes out, or give the operands static shapes.")
   batch = next(c for c in string.ascii_letters if c not in explicit)
   inputs, output = explicit.split("->")
   terms = inputs.split(",")
