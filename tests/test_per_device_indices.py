@@ -181,6 +181,30 @@ def test_the_same_indices_on_every_device_drop_those_outside():
   np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("mesh_shape", [(8,), (2, 4)])
+def test_the_same_indices_in_a_shard_map_over_axes_that_do_not_divide_rows(
+    mesh_shape):
+  # A (1, 5) block on each device of a (2, 4) mesh: on DTensor's mesh the
+  # scatter's tensor has a dimension of 4 split over 'tp', past which the
+  # dropped index 7 must not add a row. JAX (x.at[0, [1, 3, 7]].set(...) in
+  # jax.shard_map) gives the rows below.
+  names = ("dp", "tp")[:len(mesh_shape)]
+  mesh = tfspmd.make_mesh(mesh_shape, names)
+  tensor = np.arange(8 * 5, dtype=np.float32).reshape(8, 5)
+  spec = tfspmd.P(names)
+
+  def update(block):
+    return tf.tensor_scatter_nd_update(
+        block, tf.constant([[0, 1], [0, 3], [0, 7]]),
+        tf.constant([-1., -2., -3.]))
+
+  got = tfspmd.shard_map(update, mesh=mesh, in_specs=spec,
+                         out_specs=spec)(tensor)
+  want = tensor.copy()
+  want[:, [1, 3]] = [-1., -2.]
+  np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_gather_nd_of_shared_params_at_per_device_indices():
   params = np.arange(24, dtype=np.float32).reshape(4, 3, 2)
   indices = np.random.default_rng(2).integers(

@@ -75,34 +75,42 @@ def _own_route_dropping_outside(op_inputs, indices_at):
 
   The op's kernel refuses such an index when the program runs, where XLA
   and JAX drop its update (and the comparison route above does): each one
-  is sent to an extra row past the tensor's first axis, cut off after.
-  Where the tensor's shape is not known while tracing, the route as it is.
+  is sent to an extra row past the tensor's last indexed axis, cut off
+  after. That axis is the user's own: in a pmap nested in another, the
+  outer one converts the inner one's scatter, whose leading indexed axes
+  are the inner mapped axes, split over their mesh dimensions, where an
+  extra row would leave a size the mesh dimension does not divide. Where
+  the tensor's shape is not known while tracing, the route as it is.
   """
   shape = _scattered_shape(op_inputs)
   depth = op_inputs.input(indices_at).tensor.shape[-1]
-  if (shape is None or depth is None or
+  if (shape is None or not depth or
       not shape[:depth].is_fully_defined()):
     return per_position.default_or_per_position(op_inputs)
   dims = shape.as_list()[:depth]
+  last = depth - 1
   indices, stacked = op_inputs.input(indices_at)
-  extra_row = tf.constant([dims[0]] + [0] * (depth - 1), indices.dtype)
+  extra_row = tf.constant([0] * last + [dims[last]], indices.dtype)
   values = list(op_inputs.inputs())
   values[indices_at] = tf_internal.ConvertedValue(
       tf.where(_inside(indices, dims)[..., None], indices, extra_row), stacked)
   if op_inputs.op.type == "ScatterNd":
     padded_shape = shape.as_list()
-    padded_shape[0] += 1
+    padded_shape[last] += 1
     values[2] = tf_internal.ConvertedValue(
         tf.constant(padded_shape, op_inputs.input(2).tensor.dtype), False)
   else:
-    padding = [[0, 0], [0, 1]] + [[0, 0]] * (shape.rank - 1)
+    padding = [[0, 0]] * (shape.rank + 1)
+    padding[last + 1] = [0, 1]
     values[0] = tf_internal.ConvertedValue(
         tf.pad(op_inputs.stacked_input(0), padding), True)
   padded = per_position.default_or_per_position(
       tf_internal.with_inputs(op_inputs, values))
   result, result_stacked = tf_internal.converted_outputs(padded)[0]
-  return [tf_internal.wrap_converted(result[:, :dims[0]] if result_stacked
-                                     else result[:dims[0]], result_stacked)]
+  kept = [slice(None)] * last + [slice(0, dims[last])]
+  if result_stacked:
+    kept.insert(0, slice(None))
+  return [tf_internal.wrap_converted(result[tuple(kept)], result_stacked)]
 
 
 def _scattered_shape(op_inputs):
