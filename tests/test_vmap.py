@@ -137,6 +137,25 @@ def test_vmap_in_a_users_tf_function():
   np.testing.assert_allclose(loop(x), x - x.mean(0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("value", [True, False, 2, 2.5, "double", "", None])
+def test_an_unmapped_python_value_reaches_the_function_as_it_is(value):
+  # As in jax.vmap (JAX 0.10.2 passes each of these through, its type
+  # unchanged), the function may branch on it in Python.
+  seen = []
+
+  def scale(x, flag):
+    seen.append(flag)
+    return x * 2 if flag else x
+
+  x = np.arange(3, dtype=np.float32)
+  out = tfspmd.vmap(scale, in_axes=(0, None))(x, value)
+  np.testing.assert_array_equal(out, x * 2 if value else x)
+  assert all(type(s) is type(value) and s == value for s in seen), seen
+  inside = tfspmd.pmap(lambda rows: tfspmd.vmap(scale, in_axes=(0, None))(
+      rows, value))(np.tile(x, (8, 1)))
+  np.testing.assert_array_equal(inside, np.tile(x * 2 if value else x, (8, 1)))
+
+
 def test_errors_name_vmap_and_the_argument():
   with pytest.raises(ValueError, match="vmap got inconsistent sizes"):
     tfspmd.vmap(lambda a, b: a + b)(np.zeros(3), np.zeros(4))

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tfspmd._src.arguments import arguments
 from tfspmd._src.arguments import mapped_args
+from tfspmd._src.core import function_keys
 from tfspmd._src.core import lru
 from tfspmd._src.core.config import config
 from tfspmd._src.programs import vectorize
@@ -59,23 +60,40 @@ class VmappedFunction:
       return self._vectorize(args, kwargs)
     # pfor builds a graph: outside one, each call signature gets a traced
     # function of its own. It returns the output's leaves, as TensorFlow
-    # knows no registered nodes; the output tree is kept beside it.
-    leaves, treedef = tree.flatten((args, kwargs))
-    tensors = [_to_tensor(leaf) for leaf in leaves]
-    key = (treedef, tuple((tuple(t.shape), t.dtype) for t in tensors))
+    # knows no registered nodes; the output tree is kept beside it. Python
+    # values passed as they are (`_passed_through`) are part of the
+    # signature, as static arguments are of a pmap's.
+    call = self._args.bind(args, kwargs)
+    passed = _passed_through(call)
+    tensors = [_to_tensor(leaf) for k, leaf in enumerate(call.leaves)
+               if k not in passed]
+    values = tuple((k, function_keys.static_value_key(call.leaves[k]))
+                   for k in sorted(passed))
+    key = (call.treedef, values,
+           tuple((tuple(t.shape), t.dtype) for t in tensors))
     traced = self._functions.get(key)
     if traced is None:
-      traced = self._trace(treedef, tensors)
+      traced = self._trace(call.treedef, dict(
+          (k, call.leaves[k]) for k in passed), tensors)
       self._functions.put(key, traced)
     function, output_treedef = traced
     return output_treedef.unflatten(function(*tensors))
 
-  def _trace(self, treedef, tensors):
-    """`(concrete function of the leaves, output treedef)` for one signature."""
+  def _trace(self, treedef, passed, tensors):
+    """`(concrete function of the leaves, output treedef)` for one signature.
+
+    Args:
+      treedef: The tree of the call's arguments, `(args, kwargs)`.
+      passed: The leaves given to `fun` as they are, by position.
+      tensors: The other leaves, in order.
+    """
     output = tree.OutputTree()
 
     def flat_call(*flat):
-      return output.leaves_of(self._vectorize(*treedef.unflatten(list(flat))))
+      leaves = iter(flat)
+      every = [passed[k] if k in passed else next(leaves)
+               for k in range(treedef.num_leaves)]
+      return output.leaves_of(self._vectorize(*treedef.unflatten(every)))
 
     function = tf.function(_do_not_convert(flat_call), autograph=False)
     return function.get_concrete_function(*tensors), output.treedef
@@ -84,9 +102,11 @@ class VmappedFunction:
     axis_env.check_not_bound(self._axis_name, "vmap")
     call = self._args.bind(args, kwargs)
     paths = call.paths
-    values = [_traced_tensor(leaf, path)
-              for leaf, path in zip(call.leaves, paths)]
-    shapes = [tuple(v.shape) for v in values]
+    passed = _passed_through(call)
+    values = [leaf if k in passed else _traced_tensor(leaf, path)
+              for k, (leaf, path) in enumerate(zip(call.leaves, paths))]
+    shapes = [() if k in passed else tuple(v.shape)
+              for k, v in enumerate(values)]
     axes, size = self._args.axes_and_size(call.in_axes, shapes, paths)
     state = axis_env.trace_state()
     result = vectorize.map_over_axis(
@@ -97,6 +117,26 @@ class VmappedFunction:
         on_slice=None if state is None else state.slice_tracker(values, axes))
     side_effects.replay_in_graph(result.effects)
     return result.treedef.unflatten(result.values)
+
+
+# Python values that are no arrays: with in_axes None, `fun` gets them as
+# they are.
+_PYTHON_VALUES = (bool, int, float, complex, str)
+
+
+def _passed_through(call):
+  """The positions of the leaves `fun` gets as they are, not as tensors.
+
+  As in jax.vmap, an argument with in_axes None that is a Python bool,
+  number or string reaches every slice as it is, so `fun` can branch on it
+  in Python (`if flag:`); NumPy values become tensors.
+
+  Args:
+    call: The call's `mapped_args.BoundCall`.
+  """
+  return frozenset(
+      k for k, (leaf, axis) in enumerate(zip(call.leaves, call.in_axes))
+      if axis is None and isinstance(leaf, _PYTHON_VALUES))
 
 
 def _check_spmd_axis_name(spmd_axis_name):
@@ -149,7 +189,9 @@ def vmap(
     in_axes: For each positional argument, the axis to map over (negative
       counts from the end), None to pass it whole to every slice, or a tree
       prefix of the arguments holding those. Keyword arguments are mapped
-      over axis 0.
+      over axis 0. As in `jax.vmap`, a Python bool, number or string passed
+      whole (None) reaches `fun` as it is, so `fun` may branch on it in
+      Python; each such value gets a trace of its own.
     out_axes: Where the mapped axis goes in each output (None for an output
       that is the same for every slice), or a tree prefix of the output.
     axis_name: A hashable name for the axis, for collectives.
