@@ -46,6 +46,33 @@ def test_train_digits_equals_one_device_and_writes_the_loss_curve(tmp_path):
   assert "-> the same to 1e-5" in printed
 
 
+# In a process of its own: it makes a MirroredStrategy of its own.
+_CUSTOM_TRAINING_LOOP = """
+import json
+from examples import custom_training_loop
+results, differences = custom_training_loop.main(["--epochs", "2"])
+print("RESULT", json.dumps(dict(
+    losses={name: [float(v) for v in losses]
+            for name, (losses, _) in results.items()},
+    differences={name: [float(v) for v in pair]
+                 for name, pair in differences.items()})))
+"""
+
+
+def test_the_custom_training_loop_follows_mirrored_strategy():
+  printed = run_python(_CUSTOM_TRAINING_LOOP, timeout=600,
+                       PYTHONPATH=os.pathsep.join(p for p in sys.path if p)
+                       ).stdout
+  result = json.loads(printed.split("RESULT ", 1)[1])
+  mirrored = np.array(result["losses"]["MirroredStrategy"])
+  assert mirrored.shape == (30,) and mirrored[-1] < mirrored[0] / 2
+  for name in ("tfspmd.pmap", "tfspmd.pmap, 5 steps a call"):
+    np.testing.assert_allclose(result["losses"][name], mirrored, atol=1e-5)
+    loss_gap, weight_gap = result["differences"][name]
+    assert loss_gap <= 1e-5 and weight_gap <= 1e-4
+  assert "-> the same to 1e-05 and 1e-04" in printed
+
+
 def test_digits_ship_with_scikit_learn():
   (x, y), (x_test, y_test) = train_digits.load_digits()
   assert x.shape == (1440, 64) and x_test.shape == (357, 64)

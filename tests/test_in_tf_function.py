@@ -594,3 +594,19 @@ def test_arrays_on_two_halves_of_the_devices_in_one_function(host_executor):
       np.ones((4, 8), np.float32))
   total = tf.function(lambda a, b: tf.reduce_sum(a) + tf.reduce_sum(b))
   assert total(low, high).numpy() == 32 * 2. + 32 * 3.
+
+
+def test_a_function_of_plain_tensors_calling_a_pmap_updates_its_variables(
+    each_executor):
+  del each_executor  # unused
+  total = tf.Variable(0.)
+  summed = tfspmd.pmap(lambda v: lax.psum(v, "i"), "i", out_axes=None)
+
+  @tf.function
+  def accumulate(x):
+    total.assign_add(tf.reduce_sum(summed(x)))
+    return total.read_value()
+
+  x = np.arange(16, dtype=np.float32).reshape(8, 2)
+  for calls in (1, 2):
+    np.testing.assert_allclose(accumulate(tf.constant(x)), calls * x.sum())

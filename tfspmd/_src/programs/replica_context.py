@@ -7,8 +7,9 @@ a pmap (or a shard_map) the replicas are the devices of the axes bound
 there, so the function traces in a replica context whose strategy counts
 them, and whose `all_reduce` and `all_gather` are `psum`/`pmean` and
 `all_gather` over those axes. A vmap's axis is no replica. What a strategy
-does beyond that (`merge_call`, updates of variables it owns) has no meaning
-here and raises.
+does beyond that (`merge_call`) has no meaning here and raises; an update
+through the strategy (a Keras optimizer's) runs in place, as under the
+default strategy.
 """
 
 import contextlib
@@ -49,8 +50,11 @@ class _DeviceAxesExtended(tf.distribute.StrategyExtended):
     return (val,)
 
   def _update(self, var, fn, args, kwargs, group):
-    raise _unsupported("a variable update through the strategy "
-                       "(`strategy.extended.update`)")
+    # As the default strategy: the update runs here, on the device's value.
+    # A Keras optimizer's `stateless_apply` records it; a write to a real
+    # variable is refused as anywhere in a mapped function.
+    del group  # unused
+    return fn(var, *args, **kwargs)
 
 
 class _DeviceAxesStrategy(tf.distribute.Strategy):

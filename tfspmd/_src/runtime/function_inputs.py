@@ -36,9 +36,11 @@ from tfspmd._src.runtime import placement as placement_lib
 class _Marks:
   """What the trace of one function found."""
   laid_out_over_processes: bool = False
+  takes_arrays: bool = False
 
 
-def mark(graph: tf.Graph, laid_out_over_processes: bool = False) -> None:
+def mark(graph: tf.Graph, laid_out_over_processes: bool = False,
+         takes_arrays: bool = False) -> None:
   """Marks `graph` and the functions it lies in as taking inputs on devices.
 
   Args:
@@ -46,12 +48,15 @@ def mark(graph: tf.Graph, laid_out_over_processes: bool = False) -> None:
       it, or a pmap's ops go there.
     laid_out_over_processes: Whether the pmap's program lays its inputs out
       over several processes' devices, so that it needs DTensors.
+    takes_arrays: Whether the function takes a DTensor argument, so that
+      it runs on every device of its mesh.
   """
   while isinstance(graph, tf.Graph) and graph.building_function:
     marks = getattr(graph, "_tfspmd_function_inputs", None)
     if marks is None:
       marks = graph._tfspmd_function_inputs = _Marks()  # pylint: disable=protected-access
     marks.laid_out_over_processes |= laid_out_over_processes
+    marks.takes_arrays |= takes_arrays
     graph = getattr(graph, "outer_graph", None)
 
 
@@ -65,7 +70,7 @@ class CheckedInputSpec(tf.TensorSpec):
 
   def placeholder_value(self, placeholder_context):
     if not placeholder_context.unnest_only:
-      mark(placeholder_context.context_graph)
+      mark(placeholder_context.context_graph, takes_arrays=True)
     return super().placeholder_value(placeholder_context)
 
   def is_subtype_of(self, other):
@@ -270,12 +275,14 @@ def _place_inputs_of_marked(concrete_function):
   marks = getattr(concrete_function.graph, "_tfspmd_function_inputs", None)
   if marks is None:
     return
-  _check_no_variable_writes(concrete_function)
+  captured = _captured_dtensor(concrete_function)
+  if marks.takes_arrays or captured is not None:
+    _check_no_variable_writes(concrete_function)
   current = concrete_function.function_type
   placing = _InputsOnOneMesh(current.parameters.values(), current.captures,
                              return_annotation=current.output)
   placing.laid_out_over_processes = marks.laid_out_over_processes
-  placing.captured = _captured_dtensor(concrete_function)
+  placing.captured = captured
   tf_internal.set_function_type(concrete_function, placing)
 
 
