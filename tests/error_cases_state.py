@@ -74,12 +74,13 @@ def sharded_index_out_of_range():
   P(lambda x: x)(np.zeros(2))[5]  # pylint: disable=expression-not-assigned
 
 
-@case("sharded-reshape-mapped-axis", STATE,
-      "reshape of a ShardedArray that merges its mapped axis", ValueError,
-      r"ShardedArray.reshape: an array of shape \(2, 4\) split over devices "
-      r"along axes \[0\] keeps its first 1 axes \(2,\), .*got \(8,\)")
-def sharded_reshape_mapped_axis():
-  P(lambda x: x)(np.zeros((2, 4))).reshape(8)
+@case("sharded-reshape-elements", STATE,
+      "reshape of a ShardedArray to a shape of other size", ValueError,
+      r"ShardedArray.reshape: cannot reshape an array of shape \(2, 4\) "
+      r"\(8 elements\) to \(3, -1\); give ints whose product is the number "
+      r"of elements, with at most one -1")
+def sharded_reshape_elements():
+  P(lambda x: x)(np.zeros((2, 4))).reshape(3, -1)
 
 
 @case("sharded-arithmetic-other-devices", STATE,

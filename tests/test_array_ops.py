@@ -160,9 +160,21 @@ def test_reshape_of_the_axes_after_the_mapped_one(x, out):
   np.testing.assert_array_equal(on_devices(wide.reshape(8, 3, 2),
                                            ("axis_0", None, None)),
                                 np.arange(48.).reshape(8, 3, 2))
-  for bad in [(24,), (4, 6), (-1, 3), (8, 4), (8.0, 3)]:
+  for bad in [(8, 4), (8.0, 3), (-1, -1), (-1, 5), (0, -1), (8, -2)]:
     with pytest.raises(ValueError, match=r"ShardedArray.reshape"):
       out.reshape(*bad)
+
+
+def test_reshape_across_devices_as_numpy_reshapes_the_whole_array():
+  # As jax.Array.reshape of a pmap result: the elements in row-major order.
+  x = np.arange(64.).reshape(8, 4, 2)
+  out = tfspmd.pmap(lambda v: v * 2)(x)
+  # Each device keeps its own elements where its block is a run of rows.
+  for shape, spec in [((-1, 2), ("axis_0", None)), ((64,), ("axis_0",)),
+                      ((1, 16, 4), (None, "axis_0", None)),
+                      ((2, 32), (None, None)), ((4, -1), (None, None))]:
+    np.testing.assert_array_equal(on_devices(out.reshape(*shape), spec),
+                                  (x * 2).reshape(shape))
 
 
 def test_reshape_of_a_result_mapped_along_axis_1():
@@ -171,8 +183,8 @@ def test_reshape_of_a_result_mapped_along_axis_1():
   np.testing.assert_array_equal(
       on_devices(out.reshape(3, 4, 2, 1), (None, "axis_0", None, None)),
       expected.reshape(3, 4, 2, 1))
-  with pytest.raises(ValueError, match=r"keeps its first 2 axes \(3, 4\)"):
-    out.reshape(12, 2)
+  np.testing.assert_array_equal(on_devices(out.reshape(12, 2), (None, None)),
+                                expected.reshape(12, 2))
 
 
 def test_repr_shows_values_dtype_and_how_the_array_lies():

@@ -547,55 +547,68 @@ class ShardedArray:
     return array_ops.unary(tf.transpose, self)
 
   def reshape(self, *shape: int | Sequence[int]) -> ShardedArray:
-    """The array with the axes after its mapped ones reshaped, on the devices.
+    """The array reshaped as `jax.Array.reshape` does, on the devices.
 
-    Each device keeps its own block: the axes up to the last one split over
-    devices keep their sizes, and those after it take new ones (one may be
-    -1), as `numpy.reshape` of each block would.
+    The elements keep their row-major order, as `numpy.reshape` of the
+    whole array gives them; one size may be -1. Where the new shape starts
+    with the axes up to the last one split over devices, each device keeps
+    its own block, and the result is split as this array. Otherwise the
+    result lies as DTensor's reshape leaves it: each device keeps its own
+    elements where the new shape allows it (an array split along axis 0
+    over n devices stays split along the new shape's first axis of size
+    above 1 when n divides that size), and the array is whole on every
+    device where it does not.
 
     Args:
       *shape: The new shape, as ints or one tuple of ints.
 
     Returns:
-      The reshaped `ShardedArray`, split as this one.
+      The reshaped `ShardedArray`.
 
     Raises:
-      ValueError: If `shape` changes a mapped axis or an axis before one, or
-        does not hold as many elements.
+      ValueError: If `shape` is not ints, or does not hold as many elements;
+        with several processes, if it changes an axis up to the last one
+        split over devices.
 
     Example:
       >>> import numpy as np, tfspmd
       >>> out = tfspmd.pmap(lambda x: x * 2)(np.arange(16.).reshape(8, 2))
       >>> out.reshape(8, 2, 1).shape
       TensorShape([8, 2, 1])
+      >>> flat = out.reshape(-1)
+      >>> flat.shape, flat.sharding.spec
+      (TensorShape([16]), PartitionSpec('axis_0'))
+      >>> out.reshape(2, 8).sharding.spec
+      PartitionSpec()
     """
     self._check_alive()
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
       shape = tuple(shape[0])
+    current = self._shape.as_list()
+    new = _resolved_shape(shape, self._shape.num_elements())
+    if new is None:
+      raise ValueError(
+          f"ShardedArray.reshape: cannot reshape an array of shape "
+          f"{tuple(current)} ({self._shape.num_elements()} elements) to "
+          f"{tuple(shape)}; give ints whose product is the number of "
+          f"elements, with at most one -1.")
     split_axes = [a for a, dim in enumerate(self._placement.spec)
                   if dim is not None]
     kept = split_axes[-1] + 1 if split_axes else 0
-    current = self._shape.as_list()
-    if (len(shape) < kept or
-        any(isinstance(n, bool) or not isinstance(n, (int, np.integer))
-            for n in shape) or list(shape[:kept]) != current[:kept]):
-      raise ValueError(
-          f"ShardedArray.reshape: an array of shape {tuple(current)} split "
-          f"over devices along axes {split_axes} keeps its first {kept} axes "
-          f"{tuple(current[:kept])}, so the new shape must be ints that start "
-          f"with them; got {tuple(shape)}. To reshape across devices, fetch "
-          f"it first: np.asarray(x).reshape(...).")
-    global_shape = self._global_shape().as_list()
-    try:
+    if new[:kept] == current[:kept]:
+      # Each device's block reshaped: the global sizes of the split axes,
+      # which differ from this process's part with several processes.
+      global_shape = self._global_shape().as_list()
       return array_ops.unary(
-          lambda v: tf.reshape(v, global_shape[:kept] + list(shape[kept:])),
-          self)
-    except (tf.errors.InvalidArgumentError, ValueError):
+          lambda v: tf.reshape(v, global_shape[:kept] + new[kept:]), self)
+    if devices_lib.process_count() > 1:
       raise ValueError(
-          f"ShardedArray.reshape to {tuple(shape)}: cannot reshape the axes "
-          f"{tuple(current[kept:])} after the mapped ones to "
-          f"{tuple(shape[kept:])}; they must hold as many elements."
-      ) from None
+          f"ShardedArray.reshape: with several processes an array holds "
+          f"this process's part, so a reshape keeps the axes up to the last "
+          f"one split over devices (axes {split_axes}, "
+          f"{tuple(current[:kept])}); got {tuple(shape)}. Reshape inside "
+          f"the mapped function, or reshape np.asarray(x).")
+    return array_ops.unary(lambda v: tf.reshape(v, new), self)
 
   def sum(self, axis: Axes = None, dtype: DTypeLike | None = None,
           out: None = None, keepdims: bool = False) -> ShardedArray:
@@ -754,6 +767,21 @@ class _ShardedArraySpec(function_inputs.CheckedInputSpec):
     if isinstance(value, ShardedArray):
       value = value._whole_on_devices()  # pylint: disable=protected-access
     return super().cast(value, casting_context)
+
+
+def _resolved_shape(shape, size):
+  """`shape` with its -1 resolved for `size` elements, or None if it cannot be."""
+  if any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < -1
+         for n in shape):
+    return None
+  shape = [int(n) for n in shape]
+  known = int(np.prod([n for n in shape if n != -1]))
+  unknown = shape.count(-1)
+  if unknown > 1 or (unknown == 1 and (known == 0 or size % known)):
+    return None
+  if unknown:
+    shape[shape.index(-1)] = size // known
+  return shape if int(np.prod(shape)) == size else None
 
 
 def _same_mesh(mesh, other):
