@@ -153,7 +153,8 @@ def make_mesh_axis_types():
 
 @case("make-mesh-too-big", SHARD_MAP, "a mesh bigger than the devices there are",
       ValueError, r"a mesh of shape \(4, 4\) needs 16 devices, only 8 are "
-      r"available")
+      r"available. On CPU, split it into 16 logical devices before "
+      r"TensorFlow starts: set TFSPMD_NUM_CPU_DEVICES=16")
 def make_mesh_too_big():
   tfspmd.make_mesh((4, 4), ("a", "b"))
 

@@ -161,5 +161,11 @@ def test_metadata_declares_the_license_and_project_urls(wheel):
                    if n.endswith(".dist-info/METADATA")]
     text = archive.read(metadata).decode()
   assert "License-Expression: Apache-2.0" in text
-  assert "Project-URL: Source, https://github.com/tfspmd/tfspmd" in text
+  for name in ("Homepage", "Source", "Documentation", "Changelog"):
+    assert f"Project-URL: {name}, https://github.com/tfspmd/tfspmd" in text
   assert "OWNER" not in text
+  # The Python versions TensorFlow 2.21 ships wheels for.
+  for minor in (10, 11, 12, 13):
+    assert f"Classifier: Programming Language :: Python :: 3.{minor}" in text
+  assert "Requires-Python: >=3.10" in text
+  assert "Summary: JAX's pmap programming model for TensorFlow" in text

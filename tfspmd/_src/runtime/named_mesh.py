@@ -328,11 +328,22 @@ def make_mesh(axis_shapes: Sequence[int],
         f"make_mesh: every axis size must be at least 1, got {axis_shapes}.")
   count = math.prod(axis_shapes)
   available = list(devices_lib.devices() if devices is None else devices)
-  if len(available) < count if devices is None else len(available) != count:
+  if devices is not None and len(available) != count:
     raise ValueError(
         f"make_mesh: a mesh of shape {axis_shapes} needs {count} devices, "
-        f"{'only ' if devices is None else ''}{len(available)} "
-        f"{'are available' if devices is None else 'were given'}.")
+        f"{len(available)} were given.")
+  if len(available) < count:
+    more = (
+        f"On CPU, split it into {count} logical devices before TensorFlow "
+        f"starts: set {devices_lib.NUM_CPU_DEVICES_ENV}={count} in the "
+        f"environment, or call tfspmd.set_num_cpu_devices({count}) before "
+        f"any TensorFlow op runs."
+        if all(d.platform == "cpu" for d in available) else
+        "Use a smaller mesh, or run on a machine (or several processes, "
+        "`tfspmd.distributed.initialize`) with more devices.")
+    raise ValueError(
+        f"make_mesh: a mesh of shape {axis_shapes} needs {count} devices, "
+        f"only {len(available)} are available. {more}")
   axis_types = _checked_axis_types(axis_types, _as_axis_names(axis_names),
                                    AxisType.Explicit, "make_mesh")
   return Mesh(np.array(available[:count], dtype=object).reshape(axis_shapes),
