@@ -383,3 +383,41 @@ def test_a_gradient_tape_around_a_jit_call_differentiates_it(mesh):
     np.testing.assert_allclose(grad_w, k * np.cos(w0) * x0 * k, rtol=1e-5,
                                atol=1e-6)
     np.testing.assert_allclose(grad_x, k * np.sin(w0), rtol=1e-5, atol=1e-6)
+
+
+def test_results_keep_the_shardings_jax_jit_gives_them():
+  # Each spec is what jax.jit gives (JAX 0.10.2, 8 CPU devices): a
+  # shard_map's out_specs, a sharding constraint, and an input's sharding
+  # through elementwise ops.
+  line = tfspmd.make_mesh((8,), ("i",))
+  grid = tfspmd.make_mesh((2, 4), ("dp", "tp"))
+  x = np.arange(64, dtype=np.float32).reshape(16, 4)
+  split = tfspmd.device_put(x, NamedSharding(line, P("i")))
+
+  def doubled(mesh, in_specs, out_specs):
+    return tfspmd.jit(lambda v: tfspmd.shard_map(
+        lambda b: b * 2, mesh=mesh, in_specs=in_specs,
+        out_specs=out_specs)(v))
+
+  cases = [
+      (doubled(line, P("i"), P("i")), x, x * 2, line, P("i")),
+      (doubled(line, P("i"), P("i")), split, x * 2, line, P("i")),
+      (tfspmd.jit(lambda v: doubled(line, P("i"), P("i"))(v) + 1), x,
+       x * 2 + 1, line, P("i")),
+      (doubled(line, P(None, "i"), P(None, "i")), np.tile(x, (1, 2)),
+       np.tile(x, (1, 2)) * 2, line, P(None, "i")),
+      (doubled(grid, P("dp", "tp"), P("dp", "tp")), x, x * 2, grid,
+       P("dp", "tp")),
+      (doubled(grid, P(("dp", "tp")), P(("dp", "tp"))), x, x * 2, grid,
+       P(("dp", "tp"))),
+      (tfspmd.jit(lambda v: tfspmd.shard_map(
+          lambda b: lax.psum(b, "i"), mesh=line, in_specs=P("i"),
+          out_specs=P())(v)), x, x.reshape(8, 2, 4).sum(0), line, P()),
+      (tfspmd.jit(lambda v: lax.with_sharding_constraint(
+          v * 2, NamedSharding(line, P("i")))), x, x * 2, line, P("i")),
+      (tfspmd.jit(lambda v: v * 2 + 1), split, x * 2 + 1, line, P("i")),
+  ]
+  for k, (function, argument, expected, mesh, spec) in enumerate(cases):
+    out = function(argument)
+    np.testing.assert_array_equal(np.asarray(out), expected, err_msg=str(k))
+    assert out.sharding == NamedSharding(mesh, spec), (k, out.sharding)

@@ -183,3 +183,12 @@ def test_gradients_through_the_shard_map(spec):
   np.testing.assert_allclose(out, np.sin(x) * scale, rtol=1e-5)
   np.testing.assert_allclose(tape.gradient(loss, x_var),
                              np.cos(x) * scale * cotangent, rtol=1e-5)
+
+
+def test_a_dimension_split_over_two_axes_inside_a_users_tf_function():
+  mesh = tfspmd.make_mesh((2, 4), ("dp", "tp"))
+  x = np.arange(64, dtype=np.float32).reshape(16, 4)
+  doubled = tfspmd.shard_map(lambda b: b * 2, mesh=mesh,
+                             in_specs=P(("dp", "tp")),
+                             out_specs=P(("dp", "tp")))
+  np.testing.assert_array_equal(np.asarray(tf.function(doubled)(x)), x * 2)

@@ -29,6 +29,11 @@ class TraceContext(threading.local):
     rewriting_ops: Whether the ops traced now are rewritten as DTensor
       needs them (`dtensor_rewrites`).
     jit_mesh: The mesh of the `tfspmd.jit` function being traced, or None.
+    jit_shard_map_meshes: The meshes of the shard_maps traced in that
+      function (a list), or None outside one.
+    jit_merged_outputs: Their results that split a dimension over several
+      mesh axes, which no value of the function can lie as: `tensor.ref()`
+      -> its `NamedSharding`, or None outside such a function.
     routes: route -> op types, while the routes ops take are recorded
       (`route_log`), or None.
   """
@@ -42,6 +47,8 @@ class TraceContext(threading.local):
     self.lane_masks = [None]
     self.rewriting_ops = False
     self.jit_mesh = None
+    self.jit_shard_map_meshes = None
+    self.jit_merged_outputs = None
     self.routes = None
 
 

@@ -5,7 +5,10 @@ that runs on DTensors: every argument is placed on one mesh (as its
 sharding says), each pmap and shard_map inside adds its ops to the graph
 and runs over the mesh's devices as the arguments' layouts say
 (`pmap_in_graph`), and the results come back as `ShardedArray`s laid out
-as DTensor left them (or as `out_shardings` say), ready for the next call.
+as under `jax.jit` (a shard_map's as its out_specs say, a sharding
+constraint's as it says, others as DTensor's layout propagation leaves
+them, which elementwise ops keep as their inputs lie; or as `out_shardings`
+say), ready for the next call.
 A shard_map built inside on every call, as JAX code under `jax.jit` does,
 is traced with the function, not at each call.
 
@@ -59,12 +62,21 @@ def tracing_mesh() -> Mesh | None:
 
 @contextlib.contextmanager
 def _traced_on(mesh):
+  """Within, `mesh` is the jit mesh; yields this thread's trace context.
+
+  Its `jit_shard_map_meshes` and `jit_merged_outputs` then gather what the
+  shard_maps traced within leave.
+  """
   context = trace_context.this_thread
-  enclosing, context.jit_mesh = context.jit_mesh, mesh
+  enclosing = (context.jit_mesh, context.jit_shard_map_meshes,
+               context.jit_merged_outputs)
+  context.jit_mesh, context.jit_shard_map_meshes = mesh, []
+  context.jit_merged_outputs = {}
   try:
-    yield
+    yield context
   finally:
-    context.jit_mesh = enclosing
+    (context.jit_mesh, context.jit_shard_map_meshes,
+     context.jit_merged_outputs) = enclosing
 
 
 def _positions(value, name, count=None):
@@ -136,11 +148,19 @@ class _Program:
     treedef: The output tree.
     wide: For each output leaf, whether it comes widened (`small_values`).
     shapes: For each output leaf, its global shape.
+    mesh: The mesh it runs on.
+    shard_map_meshes: The meshes of the shard_maps traced in it.
+    merged: For each output leaf, the `NamedSharding` it takes after the
+      call (a shard_map's result split over several axes in one
+      dimension, which DTensor cannot lay out in the function), or None.
   """
   call: Callable = None
   treedef: Any = None
   wide: tuple = ()
   shapes: list = dataclasses.field(default_factory=list)
+  mesh: Mesh = None
+  shard_map_meshes: list = dataclasses.field(default_factory=list)
+  merged: tuple = ()
 
 
 class JittedFunction:
@@ -167,7 +187,7 @@ class JittedFunction:
     functools.update_wrapper(self, fun, updated=())
 
   def _mesh(self, leaves):
-    """The mesh every argument goes on."""
+    """The mesh every argument goes on (`_DefaultMesh` where none says)."""
     if self._fixed_mesh is not None:
       return self._fixed_mesh
     for shardings in (self._in_shardings, self._out_shardings):
@@ -182,7 +202,7 @@ class JittedFunction:
       if isinstance(leaf, ShardedArray) and isinstance(
           leaf.sharding.mesh, Mesh):
         return leaf.sharding.mesh
-    return make_mesh((devices_lib.device_count(),), ("i",))
+    return _DefaultMesh(make_mesh((devices_lib.device_count(),), ("i",)))
 
   def _static_positions(self, args):
     """The positions in `args` of static arguments."""
@@ -228,13 +248,16 @@ class JittedFunction:
     leaves, treedef = tree.flatten((dynamic, kwargs))
     paths = tree.leaf_paths((dynamic, kwargs), "args")
     mesh = self._mesh(leaves)
+    default = isinstance(mesh, _DefaultMesh)
+    mesh = mesh.mesh if default else mesh
     shardings = self._leaf_shardings(dynamic, kwargs, len(leaves))
-    placed = [self._placed(leaf, sharding, mesh, path)
-              for leaf, sharding, path in zip(leaves, shardings, paths)]
-    wide = tuple(_is_small_replicated(value) for value in placed)
-    tensors = [value._wide_value(  # pylint: disable=protected-access
-        value.placement) if is_wide else value.dtensor_value
-               for value, is_wide in zip(placed, wide)]
+
+    def arguments_on(mesh):
+      placed = [self._placed(leaf, sharding, mesh, path)
+                for leaf, sharding, path in zip(leaves, shardings, paths)]
+      return placed, tuple(_is_small_replicated(value) for value in placed)
+
+    placed, wide = arguments_on(mesh)
     static_key = tuple(
         (where, function_keys.static_value_key(value))
         for where, value in static_values + static_kwargs)
@@ -244,7 +267,21 @@ class JittedFunction:
     if program is None:
       program = self._traced(treedef, static_values, static_kwargs,
                              len(args), placed, wide, mesh)
+      found = _shard_map_mesh(program, mesh) if default else None
+      if found is not None:
+        # As jax.jit, whose arrays lie on the mesh of the shard_map in it:
+        # there its results keep their out specs. Where nothing else names
+        # a mesh, the arguments (whole on each device) go on that one.
+        placed, wide = arguments_on(found)
+        program = self._traced(treedef, static_values, static_kwargs,
+                               len(args), placed, wide, found)
       self._functions.put(key, program)
+    elif program.mesh != mesh:
+      placed, wide = arguments_on(program.mesh)
+    mesh = program.mesh
+    tensors = [value._wide_value(  # pylint: disable=protected-access
+        value.placement) if is_wide else value.dtensor_value
+               for value, is_wide in zip(placed, wide)]
     try:
       # The mesh is the default one for ops with no DTensor input (a
       # function of no arguments).
@@ -260,6 +297,9 @@ class JittedFunction:
     results = [_wrapped(value, shape, is_wide, mesh)
                for value, shape, is_wide in zip(outputs, program.shapes,
                                                   program.wide)]
+    results = [result if sharding is None else
+               transfers.device_put(result, sharding)
+               for result, sharding in zip(results, program.merged)]
     result = program.treedef.unflatten(results)
     if self._out_shardings is not None:
       result = transfers.device_put(result, self._out_shardings)
@@ -300,8 +340,9 @@ class JittedFunction:
         if name in self._static_argnames))
     rebuild = functools.partial(_call_arguments, treedef, static_args,
                                 static_kwargs, len(args))
+    mesh = self._mesh(leaves)
     vjp = self._vjp(rebuild, treedef, static_args, static_kwargs, sources,
-                    self._mesh(leaves))
+                    mesh.mesh if isinstance(mesh, _DefaultMesh) else mesh)
     out_treedef = []
 
     @tf.custom_gradient
@@ -444,7 +485,7 @@ class JittedFunction:
   def _traced(self, treedef, static_values, static_kwargs, count, placed,
               wide, mesh):
     """The `_Program` of one call signature."""
-    fun, program = self._fun, _Program()
+    fun, program = self._fun, _Program(mesh=mesh)
     named, mesh = mesh, mesh.dtensor_mesh
 
     def body(*tensors):
@@ -455,9 +496,14 @@ class JittedFunction:
       given = dict(static_values)
       call_args = [given[k] if k in given else next(rest)
                    for k in range(count)]
-      with _traced_on(named):
+      with _traced_on(named) as context:
         result = fun(*call_args, **kwargs, **dict(static_kwargs))
+        program.shard_map_meshes = list(context.jit_shard_map_meshes)
+        merged_outputs = dict(context.jit_merged_outputs)
       leaves, out_treedef = tree.flatten(result)
+      program.merged = tuple(
+          merged_outputs.get(leaf.ref()) if tf.is_tensor(leaf) else None
+          for leaf in leaves)
       outputs, out_wide, shapes = [], [], []
       for leaf in leaves:
         tensor = tf.convert_to_tensor(leaf)
@@ -483,6 +529,26 @@ class JittedFunction:
     concrete = function.get_concrete_function(*specs)
     program.call = dtensor_calls.flat_caller(concrete, concrete.captured_inputs)
     return program
+
+
+@dataclasses.dataclass(frozen=True)
+class _DefaultMesh:
+  """The mesh of a call whose shardings, context and arguments name none."""
+  mesh: Mesh
+
+
+def _shard_map_mesh(program, mesh):
+  """The one mesh, other than `mesh`, of the shard_maps in `program`, or None.
+
+  Only a mesh of the same devices: the arguments go on it instead.
+  """
+  meshes = set(program.shard_map_meshes)
+  if len(meshes) != 1:
+    return None
+  (found,) = meshes
+  if found == mesh or set(found.devices.flat) != set(mesh.devices.flat):
+    return None
+  return found
 
 
 def _call_arguments(treedef, static_args, static_kwargs, count, values):
@@ -535,15 +601,20 @@ def jit(fun: Callable[..., Any] | None = None, *,
 
   Every array argument is placed on one mesh: the mesh of the shardings
   given, else the context's (`set_mesh`, `with mesh:`), else that of the
-  first `ShardedArray` argument, else one axis 'i' over every device. The
-  function runs as one `tf.function` on DTensors: a `shard_map` over that
-  mesh inside (built anew on every call, as JAX code builds it) runs over
-  the devices, traced once with the function. Results are `ShardedArray`s
-  laid out as the program left them, which go into the next call with no
-  copy. Called while another function traces (a `tfspmd.jit` function, a
-  shard_map's or pmap's function, a `tf.function`), the function is
-  inlined into that trace, as in JAX; there its `in_shardings` and
-  `out_shardings` are sharding constraints, inside a `tfspmd.jit` only.
+  first `ShardedArray` argument, else that of the shard_maps inside where
+  they all run over one mesh of every device (traced a second time then),
+  else one axis 'i' over every device. The function runs as one
+  `tf.function` on DTensors: a `shard_map` over that mesh inside (built
+  anew on every call, as JAX code builds it) runs over the devices, traced
+  once with the function. Results are `ShardedArray`s laid out as
+  `jax.jit` lays them out: a shard_map's result as its out_specs say
+  (`P('i')` stays split), a `lax.with_sharding_constraint`'s as it says,
+  and other values as the program leaves them (elementwise ops keep their
+  inputs' layouts); they go into the next call with no copy. Called
+  while another function traces (a `tfspmd.jit` function, a shard_map's
+  or pmap's function, a `tf.function`), the function is inlined into that
+  trace, as in JAX; there its `in_shardings` and `out_shardings` are
+  sharding constraints, inside a `tfspmd.jit` only.
   A `tf.GradientTape` watching tensor or variable arguments records the
   call (its results are then tensors), and its gradient runs as another
   jitted function, the call's vector-Jacobian product.

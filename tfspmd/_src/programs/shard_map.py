@@ -37,10 +37,12 @@ import tensorflow as tf
 from tensorflow.experimental import dtensor
 
 from tfspmd._src.arguments import arguments
+from tfspmd._src.arguments import transfers
 from tfspmd._src.core import compile_log
 from tfspmd._src.core import function_keys
 from tfspmd._src.core import stacking
 from tfspmd._src.core import tf_internal
+from tfspmd._src.core import trace_context
 from tfspmd._src.executors import dtensor_values
 from tfspmd._src.programs import pmap as pmap_lib
 from tfspmd._src.programs import pmap_options
@@ -171,7 +173,8 @@ def _expand_input(value, spec, mesh, path):
 
 def _expanded_tensor(value, spec, mesh, rank, shape, path):
   """`_expand_input` of a tensor: `value` reshaped to `shape`."""
-  if _merges_axes(spec, rank) and dtensor.is_dtensor(value):
+  if (_merges_axes(spec, rank) and not tf.inside_function() and
+      dtensor.is_dtensor(value)):
     merged = _merged_placement(spec, mesh, value.shape, path)
     if dtensor.fetch_layout(value) == merged.layout:
       # Laid out as the spec says (an earlier result): every device holds
@@ -258,7 +261,7 @@ def _join_output(value, spec, mesh):
     split.append(dim_of[axes[0]] if axes else dtensor.UNSHARDED)
     position += len(axes) + 1
   if not isinstance(value, ShardedArray):
-    return tf.reshape(value, merged)
+    return _joined_in_graph(tf.reshape(value, merged), spec, mesh, rank)
   if whole is not None:
     # The host executor's result: joined in memory, laid out as `spec` says.
     target = (_merged_placement(spec, mesh, merged, "output")
@@ -271,6 +274,31 @@ def _join_output(value, spec, mesh):
   # Each step below is a call into DTensor's device.
   return dtensor_values.entered(_joined_dtensor, value, global_value, spec,
                                 mesh, rank, merged, split)
+
+
+def _joined_in_graph(joined, spec, mesh, rank):
+  """The joined result `joined` of a traced call, laid out as `spec` says.
+
+  In a `tfspmd.jit` function over the shard_map's mesh the program runs on
+  DTensors, and the result keeps the shard_map's out sharding, as under
+  `jax.jit`; DTensor's layout propagation alone would leave it as the
+  inputs lay (whole on every device for host inputs). A dimension split
+  over several axes cannot lie so on the function's mesh: the jit lays
+  out such a result after the call, where the function returns it as it
+  is. Elsewhere (a user's `tf.function`) values lie on no mesh.
+  """
+  context = trace_context.this_thread
+  if (context.jit_mesh is None or context.frames or
+      context.trace is not None):
+    return joined
+  context.jit_shard_map_meshes.append(mesh)
+  if context.jit_mesh != mesh:
+    return joined
+  if _merges_axes(spec, rank):
+    context.jit_merged_outputs[joined.ref()] = named_sharding.NamedSharding(
+        mesh, spec)
+    return joined
+  return transfers.laid_out_in_jit(joined, spec, mesh, "output", "shard_map")
 
 
 def _joined_dtensor(value, global_value, spec, mesh, rank, merged, split):
