@@ -6,6 +6,7 @@ Rows of the error catalogue (`error_catalogue`); tests/test_errors.py runs them.
 import numpy as np
 import tensorflow as tf
 
+import tfspmd
 from tfspmd import lax
 
 from error_catalogue import case, P, COLLECTIVES, OPS
@@ -399,3 +400,56 @@ def dynamic_slice_float_starts_tensor():
       r"indices must be integers")
 def dynamic_slice_in_dim_float_start():
   lax.dynamic_slice_in_dim(np.arange(8.0), np.float64(1.5), 2)
+
+
+@case("lax-scan-carry-dtype", OPS,
+      "lax.scan whose f returns a carry of another dtype", TypeError,
+      r"lax.scan: f must return a carry like init, as in jax.lax.scan, but "
+      r"init\[1\] is float32\[\] and f's carry\[1\] is float64\[\]")
+def lax_scan_carry_dtype():
+  P(lambda x: lax.scan(lambda c, e: ((c[0] + e, tf.cast(c[1], tf.float64)),
+                                     None), (x, 0.), tf.zeros(3))[0], "i")(
+                                         np.zeros(2, np.float32))
+
+
+@case("lax-scan-lengths", OPS, "lax.scan over xs of two lengths",
+      ValueError, r"lax.scan: the leaves of xs must share their leading axis "
+      r"size, and length must equal it, as in jax.lax.scan; got xs\['a'\] 3, "
+      r"xs\['b'\] 2")
+def lax_scan_lengths():
+  P(lambda x: lax.scan(lambda c, e: (c, None), x,
+                       {"a": tf.zeros(3), "b": tf.zeros(2)})[0], "i")(
+                           np.zeros(2))
+
+
+@case("lax-cond-branches", OPS,
+      "lax.cond whose branches return different structures", TypeError,
+      r"lax.cond: every branch must return the same structure, dtypes and "
+      r"shapes, as in jax.lax.cond, but true_fun's result has the structure "
+      r"\{'a': \*\} and false_fun's result has \*")
+def lax_cond_branches():
+  P(lambda x: lax.cond(lax.axis_index("i") > 0, lambda v: {"a": v},
+                       lambda v: v, x), "i")(np.zeros(2))
+
+
+@case("lax-fori-loop-float-bound", OPS, "lax.fori_loop with a float bound",
+      TypeError, r"lax.fori_loop: upper must be an integer \(a Python int or "
+      r"an integer scalar tensor\), as in jax.lax.fori_loop, got float 2.5")
+def lax_fori_loop_float_bound():
+  P(lambda x: lax.fori_loop(0, 2.5, lambda i, c: c, x), "i")(np.zeros(2))
+
+
+@case("grad-non-scalar", OPS, "tfspmd.grad of a function returning a vector",
+      TypeError, r"tfspmd.grad: the function must return a floating-point "
+      r"scalar, as in jax.grad, got float32\[3\]; reduce it first")
+def grad_non_scalar():
+  P(lambda x: tfspmd.grad(lambda v: v * 2.)(x), "i")(
+      np.zeros((2, 3), np.float32))
+
+
+@case("grad-integer-leaf", OPS, "tfspmd.grad with respect to an int32 leaf",
+      TypeError, r"tfspmd.grad: args\[0\]\['n'\] has dtype int32; gradients "
+      r"are taken with respect to floating-point leaves only, as in jax.grad")
+def grad_integer_leaf():
+  P(lambda x: tfspmd.grad(lambda p: tf.reduce_sum(p["w"]))(
+      {"w": x, "n": lax.axis_index("i")}), "i")(np.zeros((2, 3), np.float32))

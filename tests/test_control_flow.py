@@ -302,7 +302,7 @@ def test_loop_with_a_collective_under_vmap():
 
 
 @pytest.mark.parametrize("name", ["scan", "cond_per_device", "while_per_device",
-                                  "ring"])
+                                  "ring", "lax_scan", "lax_cond_per_device"])
 def test_debug_mode_gives_the_compiled_numbers(name):
   x = data(3)
   ring = [(k, (k + 1) % N) for k in range(N)]
@@ -316,6 +316,10 @@ def test_debug_mode_gives_the_compiled_numbers(name):
       "ring": lambda v: tf.while_loop(
           lambda k, c: k < 3, lambda k, c: (k + 1, lax.ppermute(c, "i", ring)),
           (0, v))[1],
+      "lax_scan": lambda v: lax.scan(
+          lambda c, e: (c + lax.psum(e, "i"), c * e), 0., v)[1],
+      "lax_cond_per_device": lambda v: lax.cond(
+          tf.reduce_sum(v) > 0, lambda a: a * 10., lambda a: -a, v),
   }
   np.testing.assert_allclose(run(programs[name], x),
                              run(programs[name], x, debug=True), rtol=1e-6)
@@ -805,3 +809,195 @@ def test_a_counting_loop_over_a_narrow_or_wide_counter(dtype):
       lambda i, s: i < tf.constant(3, i.dtype),
       lambda i, s: (i + tf.constant(1, i.dtype), s + 1), (i, 0))[1], start)
   np.testing.assert_array_equal(out, [max(3 - int(s), 0) for s in start])
+
+
+# --- tfspmd.lax's control flow over pytrees (jax.lax's names) ----------------
+
+
+def _numpy_scan(f, carry, xs, reverse=False):
+  """lax.scan's meaning, in Python over NumPy rows."""
+  order = range(len(xs))
+  ys = [None] * len(xs)
+  for k in (reversed(order) if reverse else order):
+    carry, ys[k] = f(carry, xs[k])
+  return carry, np.stack(ys)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("in_function", [False, True])
+def test_lax_scan_of_pytrees_eagerly_and_in_a_tf_function(reverse, in_function):
+  x = data(2)[:, 0]  # 8 steps of a scalar
+  w = np.float32(0.5)
+
+  def step(carry, xs):
+    total = carry["total"] * xs[1] + xs[0]
+    return {"total": total, "count": carry["count"] + 1}, (total, None)
+
+  def f(x):
+    return lax.scan(step, {"total": tf.constant(1.), "count": 0},
+                    (x, tf.fill([N], w)), reverse=reverse)
+
+  run_it = tf.function(f) if in_function else f
+  carry, (ys, none) = run_it(tf.constant(x))
+  want_total, want_ys = _numpy_scan(
+      lambda c, e: (c * w + e, c * w + e), np.float64(1.), x, reverse)
+  np.testing.assert_allclose(carry["total"], want_total, rtol=1e-5)
+  assert int(carry["count"]) == N and none is None
+  np.testing.assert_allclose(ys, want_ys, rtol=1e-5)
+
+
+def test_lax_scan_with_length_and_no_xs_and_lax_map():
+  carry, ys = lax.scan(lambda c, _: (c * 2, c), 1, None, length=4)
+  assert int(carry) == 16
+  np.testing.assert_array_equal(ys, [1, 2, 4, 8])
+  x = data(3)
+  np.testing.assert_allclose(
+      lax.map(lambda row: {"s": tf.reduce_sum(row["a"])}, {"a": x})["s"],
+      x.sum(1), rtol=1e-6)
+  # An empty scan still knows its ys, as JAX's does.
+  _, ys = tf.function(lambda: lax.scan(
+      lambda c, e: (c, tf.stack([e, e])), 0., tf.zeros([0])))()
+  assert ys.shape == (0, 2)
+
+
+def test_lax_scan_with_collectives_in_its_body(each_executor):
+  x = data(5, 3)
+
+  def f(v):
+    def step(carry, row):
+      total = carry + lax.psum(row, "i")
+      return total, lax.pmax(row, "i") * tf.cast(lax.axis_index("i"),
+                                                  tf.float32)
+    return lax.scan(step, tf.zeros(3), v, reverse=True)
+
+  carry, ys = run(f, x)
+  np.testing.assert_allclose(carry, np.broadcast_to(x.sum((0, 1)), (N, 3)),
+                             rtol=1e-5)
+  np.testing.assert_allclose(
+      ys, x.max(0)[None] * np.arange(N)[:, None, None], rtol=1e-6)
+
+
+def test_lax_fori_loop_and_while_loop_with_collectives(each_executor):
+  x = data(4)
+  ring = [(k, (k + 1) % N) for k in range(N)]
+
+  def f(v):
+    # fori_loop: a ring all-reduce; while_loop: halve until the psum of the
+    # carry is small, a predicate the same on every device.
+    _, total = lax.fori_loop(
+        0, N - 1, lambda i, c: (lax.ppermute(c[0], "i", ring), c[1] + lax.
+                                ppermute(c[0], "i", ring)), (v, v))
+    halved = lax.while_loop(
+        lambda c: lax.psum(tf.reduce_sum(tf.abs(c["x"])), "i") > 1.,
+        lambda c: {"x": c["x"] / 2., "n": c["n"] + 1}, {"x": v, "n": 0})
+    return total, halved["x"], halved["n"]
+
+  total, halved, count = run(f, x)
+  np.testing.assert_allclose(total, np.broadcast_to(x.sum(0), x.shape),
+                             rtol=1e-5)
+  n = 0
+  while np.abs(x).sum() / 2. ** n > 1.:
+    n += 1
+  np.testing.assert_array_equal(count, [n] * N)
+  np.testing.assert_allclose(halved, x / 2. ** n, rtol=1e-6)
+
+
+def test_lax_cond_and_switch_per_device_and_on_a_psum(each_executor):
+  x = data(3)
+
+  def f(v):
+    index = lax.axis_index("i")
+    # Per device, pytree operands: each device takes its own branch.
+    per_device = lax.cond(index % 2 == 0, lambda a, b: {"y": a["v"] * b},
+                          lambda a, b: {"y": -a["v"]}, {"v": v}, 10.)
+    # The same predicate everywhere, a collective in the branch.
+    same = lax.cond(lax.psum(tf.reduce_sum(v), "i") > 0.,
+                    lambda a: lax.pmax(a, "i"), lambda a: lax.pmin(a, "i"), v)
+    # Clamped as JAX clamps it: -1 takes the first branch, 6 and 7 the last.
+    chosen = lax.switch(index - 1, [lambda a: a, lambda a: a * 2.,
+                                    lambda a: a * 3.], v)
+    return per_device["y"], same, chosen
+
+  per_device, same, chosen = run(f, x)
+  even = (np.arange(N) % 2 == 0)[:, None]
+  np.testing.assert_allclose(per_device, np.where(even, 10. * x, -x), rtol=1e-6)
+  want = x.max(0) if x.sum() > 0 else x.min(0)
+  np.testing.assert_array_equal(same, np.broadcast_to(want, x.shape))
+  scale = np.clip(np.arange(N) - 1, 0, 2) + 1.
+  np.testing.assert_allclose(chosen, x * scale[:, None], rtol=1e-6)
+
+
+def test_gradient_through_lax_scan_and_fori_loop(each_executor):
+  x = np.abs(data(4)) + 0.5
+
+  def grad(v):
+    with tf.GradientTape() as tape:
+      tape.watch(v)
+      _, products = lax.scan(lambda c, e: (c * e, c * e), tf.constant(1.), v)
+      squared = lax.fori_loop(0, 2, lambda i, c: c * v[i], tf.constant(1.))
+      loss = tf.reduce_sum(products) + squared + lax.psum(v[0], "i")
+    return tape.gradient(loss, v)
+
+  def loss_numpy(v):
+    return np.cumprod(v).sum() + v[0] * v[1]
+
+  expected = np.stack([numpy_reference.finite_difference(
+      loss_numpy, row.astype(np.float64), eps=1e-4) for row in x])
+  # psum's transpose is psum: v[0] of every device reaches each one N times.
+  expected[:, 0] += N
+  np.testing.assert_allclose(run(grad, x), expected, rtol=1e-4)
+
+
+@pytest.mark.parametrize("how, error, match", [
+    ("scan dtype", TypeError,
+     r"lax.scan: f must return a carry like init, as in jax.lax.scan, but "
+     r"init\['w'\] is float32\[2\] and f's carry\['w'\] is "
+     r"float64\[2\]"),
+    ("scan tree", TypeError,
+     r"lax.scan: f must return a carry like init, as in jax.lax.scan, but "
+     r"init has the structure \(\*, \*\) and f's carry has \[\*, \*\]"),
+    ("scan pair", TypeError, r"lax.scan: f must return a pair \(carry, y\)"),
+    ("scan lengths", ValueError,
+     r"lax.scan: the leaves of xs must share their leading axis size, and "
+     r"length must equal it, as in jax.lax.scan; got xs\[0\] 3, xs\[1\] 4"),
+    ("scan no length", ValueError, r"pass length=n"),
+    ("fori shape", TypeError,
+     r"lax.fori_loop: body_fun must return a carry like init_val, as in "
+     r"jax.lax.fori_loop, but init_val is float32\[2\] and body_fun's "
+     r"result is float32\[4\]"),
+    ("fori float bound", TypeError,
+     r"lax.fori_loop: upper must be an integer"),
+    ("while predicate", TypeError,
+     r"lax.while_loop: cond_fun must return a scalar bool"),
+    ("cond branches", TypeError,
+     r"lax.cond: every branch must return the same structure, dtypes and "
+     r"shapes, as in jax.lax.cond, but true_fun's result has the structure "
+     r"\* and false_fun's result has \(\*, \*\)"),
+    ("switch index", TypeError, r"lax.switch: index must be an integer scalar"),
+])
+def test_lax_control_flow_says_what_differs(how, error, match):
+  v = tf.ones(2)
+  programs = {
+      "scan dtype": lambda: lax.scan(
+          lambda c, e: ({"w": tf.cast(c["w"], tf.float64)}, None), {"w": v},
+          tf.zeros(3)),
+      "scan tree": lambda: lax.scan(lambda c, e: (list(c), None), (v, v),
+                                    tf.zeros(3)),
+      "scan pair": lambda: lax.scan(lambda c, e: c, v, tf.zeros(3)),
+      "scan lengths": lambda: lax.scan(lambda c, e: (c, None), v,
+                                       (tf.zeros(3), tf.zeros(4))),
+      "scan no length": lambda: lax.scan(lambda c, e: (c, None), v, None),
+      "fori shape": lambda: lax.fori_loop(0, 2, lambda i, c: tf.concat(
+          [c, c], 0), v),
+      "fori float bound": lambda: lax.fori_loop(0, 2.5, lambda i, c: c, v),
+      "while predicate": lambda: lax.while_loop(lambda c: c < 3., lambda c: c,
+                                                v),
+      "cond branches": lambda: lax.cond(tf.reduce_sum(v) > 0.,
+                                        lambda: v, lambda: (v, v)),
+      "switch index": lambda: lax.switch(1.5, [lambda: v]),
+  }
+  # Inside a tf.function, where TensorFlow traces every branch, and in a pmap.
+  with pytest.raises(error, match=match):
+    tf.function(programs[how])()
+  with pytest.raises(error, match=match):
+    tfspmd.pmap(lambda _: programs[how](), "i")(np.zeros(N))

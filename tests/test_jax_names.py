@@ -38,9 +38,25 @@ def _no_host_packing(*args, **kwargs):
     (tfspmd.device_put_sharded, ["shards", "devices"]),
     (tfspmd.device_put_replicated, ["x", "devices"]),
     (tfspmd.distributed.shutdown, []),
+    (lax.scan, ["f", "init", "xs", "length", "reverse", "unroll"]),
+    (lax.fori_loop, ["lower", "upper", "body_fun", "init_val", "unroll"]),
+    (lax.while_loop, ["cond_fun", "body_fun", "init_val"]),
+    (lax.cond, ["pred", "true_fun", "false_fun", "operands"]),
+    (lax.switch, ["index", "branches", "operands"]),
+    (lax.map, ["f", "xs", "batch_size"]),
 ])
 def test_signatures_are_jaxs(function, parameters):
   assert list(inspect.signature(function).parameters) == parameters
+
+
+@pytest.mark.parametrize("function", [tfspmd.grad, tfspmd.value_and_grad])
+def test_grad_takes_jaxs_leading_parameters(function):
+  # JAX's holomorphic, allow_int and reduce_axes follow; tfspmd takes
+  # neither (docs/migrating_from_jax.md).
+  parameters = inspect.signature(function).parameters
+  assert list(parameters) == ["fun", "argnums", "has_aux"]
+  assert parameters["argnums"].default == 0
+  assert parameters["has_aux"].default is False
 
 
 def test_initialize_takes_jaxs_parameters_in_jaxs_order():

@@ -3,7 +3,11 @@
 Each program below is a faithful TensorFlow port of a jax.pmap program; the
 expected numbers are what JAX 0.10.2 printed for the same inputs on 8 CPU
 devices (`jax.pmap` with `lax.fori_loop` / `lax.while_loop`), recorded here.
+The programs that use `lax.scan` and `jax.value_and_grad` port by renaming
+`jax` to `tfspmd` (and `jnp` to `tf`).
 """
+
+import functools
 
 import numpy as np
 import tensorflow as tf
@@ -135,3 +139,80 @@ def test_shard_map_design_doc_examples():
     r = np.asarray(f(x))
     assert r.shape == shape
     np.testing.assert_array_equal(r[0], row)
+
+
+def test_jax_issue_804_scan_with_a_psum_under_pmap(each_executor):
+  # JAX's tests/lax_control_flow_test.py, testIssue804 (github.com/jax-ml/jax
+  # issue 804), renamed: partial(lax.scan, ...) is the mapped function. JAX
+  # printed, for ones((8, 4)): carry [32.] * 8, ys rows [0, 8, 16, 24]; for
+  # arange(32.).reshape(8, 4): carry [496.] * 8, ys rows [0, 112, 232, 360].
+  f = functools.partial(lax.scan, lambda c, x: (c + lax.psum(x, "i"), c), 0.)
+  for x, total, row in [(np.ones((N, 4), np.float32), 32., [0., 8., 16., 24.]),
+                        (np.arange(32.).reshape(N, 4).astype(np.float32), 496.,
+                         [0., 112., 232., 360.])]:
+    carry, ys = tfspmd.pmap(f, axis_name="i")(x)
+    np.testing.assert_array_equal(carry, np.full(N, total))
+    np.testing.assert_array_equal(ys, np.broadcast_to(row, (N, 4)))
+
+
+def test_jax_axis_index_in_initial_style(each_executor):
+  # JAX's tests/pmap_test.py, testAxisIndexInInitialStyle, renamed. JAX
+  # printed [10 20 30 40 50 60 70 80] for ones((8, 10), int32) and [45 155
+  # 265 375 485 595 705 815] for arange(80).reshape(8, 10).
+  @functools.partial(tfspmd.pmap, axis_name="i")
+  def f(x):
+    def body(carry, i):
+      return carry + i + lax.axis_index("i"), None
+    return lax.scan(body, 0, x)[0]
+
+  np.testing.assert_array_equal(f(np.ones((N, 10), np.int32)),
+                                [10, 20, 30, 40, 50, 60, 70, 80])
+  np.testing.assert_array_equal(
+      f(np.arange(80, dtype=np.int32).reshape(N, 10)),
+      [45, 155, 265, 375, 485, 595, 705, 815])
+
+
+def test_data_parallel_epoch_as_a_scan_of_value_and_grad_steps(each_executor):
+  # A jax.pmap training epoch: lax.scan over 4 microbatches, each step
+  # jax.value_and_grad(has_aux=True), lax.pmean of the grads inside the
+  # scan body, an SGD update of the params carried. JAX 0.10.2 printed
+  # (8 CPU devices) losses [1.584468126296997, 1.1548433303833008,
+  # 1.2223907709121704, 1.4850610494613647], w [[0.055165719240903854,
+  # -0.1994790881872177], [0.4371718764305115, 0.6836323142051697],
+  # [-0.10481833666563034, 0.2419150322675705]], b [-0.012634014710783958,
+  # -0.07682952284812927], the same on every device.
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal((N, 4, 6, 3)).astype(np.float32)
+  y = rng.standard_normal((N, 4, 6, 2)).astype(np.float32)
+  w0 = (0.5 * rng.standard_normal((3, 2))).astype(np.float32)
+  b0 = np.zeros(2, np.float32)
+
+  def loss_fn(params, xb, yb):
+    pred = tf.tanh(xb @ params["w"] + params["b"])
+    return tf.reduce_mean((pred - yb) ** 2), pred
+
+  @functools.partial(tfspmd.pmap, axis_name="batch", in_axes=(None, 0, 0))
+  def train_epoch(params, xs, ys):
+    def step(params, batch):
+      (loss, _), grads = tfspmd.value_and_grad(loss_fn, has_aux=True)(
+          params, *batch)
+      grads = lax.pmean(grads, axis_name="batch")
+      params = tfspmd.tree.map(lambda p, g: p - 0.3 * g, params, grads)
+      return params, lax.pmean(loss, "batch")
+    return lax.scan(step, params, (xs, ys))
+
+  params, losses = train_epoch({"w": w0, "b": b0}, x, y)
+  np.testing.assert_allclose(
+      losses, np.broadcast_to([1.584468126296997, 1.1548433303833008,
+                               1.2223907709121704, 1.4850610494613647],
+                              (N, 4)), rtol=1e-5)
+  np.testing.assert_allclose(
+      params["w"], np.broadcast_to(
+          [[0.055165719240903854, -0.1994790881872177],
+           [0.4371718764305115, 0.6836323142051697],
+           [-0.10481833666563034, 0.2419150322675705]], (N, 3, 2)),
+      rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+      params["b"], np.broadcast_to(
+          [-0.012634014710783958, -0.07682952284812927], (N, 2)),
+      rtol=1e-5, atol=1e-6)

@@ -11,8 +11,8 @@ ring again, passing the key and value blocks together with their gradient
 accumulators, which are home again after the last step.
 
 The port keeps the original's structure line by line: tf ops for jnp,
-`tfspmd.lax` for `jax.lax`, `tf.custom_gradient` for `jax.custom_vjp`, a
-`tf.while_loop` for each `lax.scan` and `tf.cond` for `lax.cond`. It ports
+`tfspmd.lax` for `jax.lax` (its `scan` and `cond` included, renamed only),
+`tf.custom_gradient` for `jax.custom_vjp`. It ports
 the path the package's README uses (`cache_idx=None`, `deterministic=True`,
 so no dropout); `jax.checkpoint` around the chunk step is left out, as
 nothing differentiates through the forward pass.
@@ -75,29 +75,6 @@ def numpy_attention_and_grads(q, k, v, bias, segment_ids, loss_weights):
 # --- the port -----------------------------------------------------------------
 
 
-def scan(body, init, xs, y_dtypes=None):
-  """`lax.scan`: `body(carry, x)` over the leading axis of `xs`.
-
-  Returns the last carry and `body`'s second results stacked; `y_dtypes`
-  gives their structure and dtypes (None: `body` gives None).
-  """
-  length = tf.nest.flatten(xs)[0].shape[0]
-  ys = () if y_dtypes is None else tf.nest.map_structure(
-      lambda dtype: tf.TensorArray(dtype, size=length), y_dtypes)
-
-  def step(i, carry, ys):
-    carry, y = body(carry, tf.nest.map_structure(lambda x: x[i], xs))
-    if y_dtypes is not None:
-      ys = tf.nest.map_structure(lambda array, value: array.write(i, value),
-                                 ys, y)
-    return i + 1, carry, ys
-
-  _, carry, ys = tf.while_loop(lambda i, *_: i < length, step, (0, init, ys))
-  if y_dtypes is None:
-    return carry, None
-  return carry, tf.nest.map_structure(lambda array: array.stack(), ys)
-
-
 def moveaxis_1_0(x):
   return tf.transpose(x, [1, 0] + list(range(2, x.shape.rank)))
 
@@ -133,7 +110,7 @@ def _ring_attention_fwd(q, k, v, attn_bias, segment_ids, axis_name,
     return (max_score, numerator, denominator, k, v), None
 
   prev_max_score = tf.fill((batch, num_heads, q_len), -np.inf)
-  (max_score, numerator, denominator, _, _), _ = scan(
+  (max_score, numerator, denominator, _, _), _ = lax.scan(
       scan_kv_block, (prev_max_score, numerator, denominator, k, v),
       tf.range(axis_size))
   output = numerator / tf.transpose(denominator, [0, 2, 1])[..., None]
@@ -166,8 +143,8 @@ def _ring_attention_bwd(attn_bias, segment_ids, axis_name, blockwise_kwargs,
                     for x in (k, v, dk, dv))
     return (dq, dk, dv, k, v), None
 
-  (dq, dk, dv, k, v), _ = scan(scan_kv_block, (dq, dk, dv, k, v),
-                               tf.range(axis_size))
+  (dq, dk, dv, k, v), _ = lax.scan(scan_kv_block, (dq, dk, dv, k, v),
+                                   tf.range(axis_size))
   return dq, dk, dv
 
 
@@ -248,11 +225,10 @@ def _blockwise_attention_fwd(q, k, v, carry, q_chunk_idx_start,
             q_chunk_idx_start + q_chunk_idx, query_chunk_size,
             k_chunk_idx_start + k_chunk_idx, key_chunk_size,
             causal_block_size)
-      # lax.cond's skip branch gives (carry, None); tf.cond takes the carry.
-      return tf.cond(should_run, lambda: scan_kv_block(carry, args)[0],
-                     lambda: carry), None
+      return lax.cond(should_run, scan_kv_block,
+                      lambda carry, args: (carry, None), carry, args)
 
-    (numerator_chunk, denominator_chunk, max_score_chunk), _ = scan(
+    (numerator_chunk, denominator_chunk, max_score_chunk), _ = lax.scan(
         skip_upper_half, (numerator_chunk, denominator_chunk, max_score_chunk),
         (k, v, tf.range(num_kv)))
     output_chunk = numerator_chunk / tf.cast(
@@ -260,10 +236,9 @@ def _blockwise_attention_fwd(q, k, v, carry, q_chunk_idx_start,
     return (), (output_chunk, numerator_chunk, denominator_chunk,
                 max_score_chunk)
 
-  _, (_, numerator, denominator, max_score) = scan(
+  _, (_, numerator, denominator, max_score) = lax.scan(
       scan_attention, (),
-      (q, numerator, denominator, max_score, tf.range(num_q)),
-      y_dtypes=(dtype,) * 4)
+      (q, numerator, denominator, max_score, tf.range(num_q)))
 
   numerator = tf.reshape(moveaxis_1_0(numerator),
                          (batch, q_len, num_heads, dim_per_head))
@@ -336,20 +311,22 @@ def _blockwise_attention_bwd(q, k, v, g, carry, q_chunk_idx_start,
             q_chunk_idx_start + q_chunk_idx, query_chunk_size,
             k_chunk_idx_start + k_chunk_idx, key_chunk_size,
             causal_block_size)
-      zeros = tf.zeros((batch, key_chunk_size, num_heads, dim_per_head),
-                       dk.dtype)
-      return tf.cond(should_run, lambda: scan_kv_block(carry, args),
-                     lambda: (carry, (zeros, zeros)))
+      return lax.cond(
+          should_run, scan_kv_block,
+          lambda carry, args: (carry, (
+              tf.zeros((batch, key_chunk_size, num_heads, dim_per_head),
+                       dk.dtype),
+              tf.zeros((batch, key_chunk_size, num_heads, dim_per_head),
+                       dk.dtype))),
+          carry, args)
 
-    dq_chunk, (dk_part, dv_part) = scan(skip_upper_half, dq_chunk,
-                                        (k, v, tf.range(num_kv)),
-                                        y_dtypes=(dk.dtype,) * 2)
+    dq_chunk, (dk_part, dv_part) = lax.scan(skip_upper_half, dq_chunk,
+                                            (k, v, tf.range(num_kv)))
     return (dk + dk_part, dv + dv_part), dq_chunk
 
-  (dk, dv), dq = scan(
+  (dk, dv), dq = lax.scan(
       scan_attention, (dk, dv),
-      (q, dq, g, output, denominator, max_score, tf.range(num_q)),
-      y_dtypes=dq.dtype)
+      (q, dq, g, output, denominator, max_score, tf.range(num_q)))
 
   dq, dk, dv = map(moveaxis_1_0, (dq, dk, dv))
   dq = tf.reshape(dq, (batch, q_len, num_heads, dim_per_head))

@@ -36,6 +36,8 @@ from tfspmd._src.arguments.transfers import device_put_sharded as device_put_sha
 from tfspmd._src.core.config import config as config
 from tfspmd._src.core.lru import clear_caches as clear_caches
 from tfspmd._src.core.debug_mode import debug_mode as debug_mode
+from tfspmd._src.programs.autodiff import grad as grad
+from tfspmd._src.programs.autodiff import value_and_grad as value_and_grad
 from tfspmd._src.programs.jit import jit as jit
 from tfspmd._src.programs.pmap import pmap as pmap
 from tfspmd._src.programs.shard_map import shard_map as shard_map
@@ -77,6 +79,7 @@ __all__ = [
     "devices",
     "distributed",
     "experimental",
+    "grad",
     "jit",
     "lax",
     "local_device_count",
@@ -94,5 +97,6 @@ __all__ = [
     "sharding",
     "tree",
     "tree_util",
+    "value_and_grad",
     "vmap",
 ]

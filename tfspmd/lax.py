@@ -1,6 +1,8 @@
 """Named-axis collectives, as in `jax.lax`: use them inside a pmapped function.
 
 With them, the `jax.lax` slicing ops per-device code slices its blocks with,
+`jax.lax`'s control flow over pytrees (`scan`, `fori_loop`, `while_loop`,
+`cond`, `switch`, `map`), which may call collectives inside their bodies,
 and `with_sharding_constraint` for the values of a `tfspmd.jit` function.
 """
 
@@ -15,6 +17,12 @@ import tensorflow as tf
 # pylint: disable=useless-import-alias
 from tfspmd._src.collectives.all_to_all import all_to_all as all_to_all
 from tfspmd._src.collectives.all_to_all import pswapaxes as pswapaxes
+from tfspmd._src.collectives.control import cond as cond
+from tfspmd._src.collectives.control import fori_loop as fori_loop
+from tfspmd._src.collectives.control import map as map  # pylint: disable=redefined-builtin
+from tfspmd._src.collectives.control import scan as scan
+from tfspmd._src.collectives.control import switch as switch
+from tfspmd._src.collectives.control import while_loop as while_loop
 from tfspmd._src.collectives.gather import all_gather as all_gather
 from tfspmd._src.collectives.gather import psum_scatter as psum_scatter
 from tfspmd._src.collectives.indexing import axis_index as axis_index
@@ -31,8 +39,11 @@ __all__ = [
     "all_to_all",
     "axis_index",
     "axis_size",
+    "cond",
     "dynamic_slice",
     "dynamic_slice_in_dim",
+    "fori_loop",
+    "map",
     "pmax",
     "pmean",
     "pmin",
@@ -41,6 +52,9 @@ __all__ = [
     "psum_scatter",
     "pshuffle",
     "pswapaxes",
+    "scan",
+    "switch",
+    "while_loop",
     "with_sharding_constraint",
 ]
 
