@@ -284,8 +284,6 @@ def test_distributed_arrays_notebook_batch_data_parallelism_loss():
                              rtol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="no tfspmd.grad: TensorFlow "
-                   "differentiates with tf.GradientTape")
 def test_distributed_arrays_notebook_batch_data_parallelism_training():
   loss, params, batch = _distributed_arrays_notebook_network()
   loss_jit = tfspmd.jit(loss)
