@@ -18,6 +18,7 @@ runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Iterator
 import queue
 import threading
@@ -222,7 +223,8 @@ class DeviceBatches:
     return _placement.place(blocks, self.devices, split=True)
 
 
-def map_as_written(dataset, function):
+def map_as_written(dataset: tf.data.Dataset,
+                   function: Callable[..., Any]) -> tf.data.Dataset:
   """`dataset.map(function)`, the function traced as written.
 
   `Dataset.map` first rewrites a function with AutoGraph, 60-70 ms each at
