@@ -97,3 +97,18 @@ def test_a_merge_call_is_an_error_naming_what_the_context_offers():
       r"`ReplicaContext.merge_call` inside a function mapped by tfspmd: .* "
       r"offers `num_replicas_in_sync`, `all_reduce`")):
     tfspmd.pmap(merging)(np.ones(N, np.float32))
+
+
+def test_compute_average_loss_in_a_loop_of_steps():
+  # Its checks of the global batch size hold from the shapes: nothing to
+  # carry out of the loop over the steps.
+  def step(total, per_example):
+    tf.debugging.assert_positive(tf.shape(per_example)[0])
+    return total + tf.nn.compute_average_loss(per_example), total
+
+  losses = np.arange(N * 3 * 4, dtype=np.float32).reshape(N, 3, 4)
+  total, seen = tfspmd.pmap(step, steps=3)(np.zeros(N, np.float32), losses)
+  per_step = losses.sum(2) / (4 * N)
+  np.testing.assert_allclose(total, per_step.sum(1), rtol=1e-6)
+  np.testing.assert_allclose(seen, np.cumsum(per_step, 1) - per_step,
+                             rtol=1e-6, atol=1e-7)

@@ -53,6 +53,13 @@ def value(tensor, depth=8):
   if kind == "LogicalNot":
     inner = value(operation.inputs[0], depth - 1)
     return None if inner is None else np.logical_not(inner)
+  if kind in ("All", "Any"):
+    inner, axes = (value(t, depth - 1) for t in operation.inputs)
+    if inner is None or axes is None:
+      return None
+    reduce = np.all if kind == "All" else np.any
+    return np.asarray(reduce(inner, axis=tuple(np.atleast_1d(axes).tolist()),
+                             keepdims=operation.get_attr("keep_dims")))
   if kind in ("Identity", "Cast"):
     inner = value(operation.inputs[0], depth - 1)
     if inner is None:

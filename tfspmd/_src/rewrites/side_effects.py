@@ -22,6 +22,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from tfspmd._src.core import static_values
 from tfspmd._src.core import tf_internal
 from tfspmd._src.core import trace_context
 from tfspmd._src.runtime import axis_env
@@ -163,6 +164,10 @@ def anchor(effect_operations, index):
 def convert_effect(op_inputs):
   operation = op_inputs.op
   size = op_inputs.loop_size
+  if operation.type == "Assert" and _passes_when_traced(operation):
+    # Known to hold from the shapes (the checks of the global batch size
+    # in `tf.nn.compute_average_loss`): nothing can fail, nothing to carry.
+    return tf.no_op()
   format_operation = None
   sources = list(operation.inputs)
   if operation.type == "PrintV2" and sources[0].op.type == "StringFormat":
@@ -191,6 +196,12 @@ def convert_effect(op_inputs):
     # The check happens after the run; the value passes through.
     return [tf_internal.wrap_converted(*op_inputs.input(0))]
   return tf.no_op()
+
+
+def _passes_when_traced(operation):
+  """Whether the condition of the Assert `operation` holds when tracing."""
+  known = static_values.value(operation.inputs[0])
+  return known is not None and bool(np.all(known))
 
 
 def _static_string(tensor, operation):
