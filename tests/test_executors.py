@@ -200,3 +200,22 @@ def test_an_integer_division_by_zero_on_the_host_gives_jaxs_numbers(
   expected = rows // np.where(divisors == 0, 1, divisors)[:, None]
   expected[3] = np.where(rows[3] == 0, -1, -2)
   assert run(lambda r, d: r // d, rows, divisors) == expected.tolist()
+
+
+def test_arithmetic_on_arrays_stays_where_the_executor_holds_them(
+    each_executor):
+  x = np.arange(N * 3, dtype=np.float32).reshape(N, 3)
+  out = tfspmd.pmap(lambda v: v + 1.)(x)
+  results = {"scaled": (out * 2. - x, (x + 1.) * 2. - x),
+             "negated": (-abs(out), -np.abs(x + 1.)),
+             "compared": (out > 4., x + 1. > 4.),
+             "cast": (out.astype(tf.int32), (x + 1.).astype(np.int32))}
+  for name, (got, want) in results.items():
+    np.testing.assert_array_equal(got, want, err_msg=name)
+    assert got.sharding.spec == out.sharding.spec, name
+    assert (got._held_on_host() is not None) == (each_executor == "host")  # pylint: disable=protected-access
+  # A result of another shape is split as DTensor's expansion chooses.
+  wide = out + np.ones((2, N, 3), np.float32)
+  np.testing.assert_array_equal(wide, np.broadcast_to(x + 2., (2, N, 3)))
+  with pytest.raises(TypeError, match="does not promote dtypes"):
+    out + np.ones((N, 3), np.float64)

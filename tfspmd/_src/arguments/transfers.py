@@ -216,9 +216,13 @@ def _put_sharded(leaf, sharding, path):
     with multiprocess_hooks.peer_failures():
       moved = placement_lib.relayout(global_value, placement)
   else:
+    placement = placement_of(sharding, value.shape, path)
+    if devices_lib.process_count() == 1:
+      # The whole array is this process's part: held as its executor holds
+      # arrays (one host tensor on the host executor).
+      return ShardedArray.from_whole(value, placement)
     if isinstance(value, tf.Tensor):
       value = value.numpy()
-    placement = placement_of(sharding, value.shape, path)
     moved = placement_lib.pack_global_array(value, placement)
   return ShardedArray(moved, placement, placement.local_shape(moved.shape),
                       moved.dtype)

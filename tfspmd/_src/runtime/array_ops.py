@@ -1,9 +1,12 @@
 """Arithmetic on ShardedArrays, on the devices, keeping how they are split.
 
 A jax.Array supports every operator and runs it where the array lives; so
-does a `ShardedArray`: each operator runs the TensorFlow op on the DTensors
-(DTensor runs it on every device's blocks), and the result is a
-`ShardedArray` laid out as DTensor's SPMD expansion left it. Operands that
+does a `ShardedArray`. Where the host executor runs the array's mesh, the
+array is one host tensor: an elementwise operator runs on it there and the
+result keeps the array's split. Elsewhere, and for a result of another
+shape, the operator runs the TensorFlow op on the DTensors (DTensor runs it
+on every device's blocks), and the result is a `ShardedArray` laid out as
+DTensor's SPMD expansion left it. Operands that
 are not on the devices (NumPy arrays, Python numbers, tf.Tensors) are copied
 to every device of the array's mesh first. A Python number takes the array's
 dtype where it fits, as TensorFlow does; everything else keeps its own, and
@@ -83,15 +86,66 @@ def wrap(value, like):
 
 def binary(op, left, right, like):
   """`op` of the two operands (one of them `like`), on the devices."""
+  if op is not matmul and like._on_host_executor():  # pylint: disable=protected-access
+    on_host = _elementwise_on_host(op, left, right, like)
+    if on_host is not None:
+      return on_host
   left, right = _operand(left, like), _operand(right, like)
+  _check_dtypes(left, right)
+  # An op on DTensors is a call into DTensor's device.
+  return dtensor_values.entered(lambda: wrap(op(left, right), like))
+
+
+def _check_dtypes(left, right):
   if left.dtype != right.dtype:
-    # Checked here: DTensor's eager ops crash the process on it (TF 2.21).
+    # Checked before the op: DTensor's eager ops crash the process on it
+    # (TF 2.21), and TensorFlow's own message names neither array.
     raise TypeError(
         f"ShardedArray arithmetic between {left.dtype.name} and "
         f"{right.dtype.name}: TensorFlow does not promote dtypes; cast one "
         f"first (x.astype(tf.{right.dtype.name}), or tf.cast).")
-  # An op on DTensors is a call into DTensor's device.
-  return dtensor_values.entered(lambda: wrap(op(left, right), like))
+
+
+def _host_operand(value, like):
+  """`value` as a host tensor beside the host-held `like`, or None."""
+  if isinstance(value, type(like)):
+    if set(value.placement.devices) != set(like.placement.devices):
+      return None
+    return value._whole_tensor()  # pylint: disable=protected-access
+  if isinstance(value, tf.Tensor):
+    return None if dtensor.is_dtensor(value) else value
+  if (isinstance(value, (bool, int, float, complex)) and
+      not isinstance(value, np.generic)):
+    return tf.convert_to_tensor(value, dtype_hint=like.dtype)
+  return tf.convert_to_tensor(config.narrowed(np.asarray(value)))
+
+
+def _elementwise_on_host(op, left, right, like):
+  """The elementwise `op` on the host executor's whole tensors, or None.
+
+  Where the host executor runs the array's mesh, the array is one host
+  tensor: the op runs on it, and a result of `like`'s shape keeps `like`'s
+  placement. None where DTensor's route decides (a result of another
+  shape, whose split DTensor's expansion chooses, or a DTensor operand).
+  """
+  a, b = _host_operand(left, like), _host_operand(right, like)
+  if a is None or b is None:
+    return None
+  if tf.broadcast_static_shape(a.shape, b.shape) != like.shape:
+    return None
+  _check_dtypes(a, b)
+  with tf.device(like.placement.devices[0].name):
+    out = op(a, b)
+  return type(like).on_host(out, like.placement, like.shape, out.dtype)
+
+
+def elementwise(op, value):
+  """The elementwise `op` of one ShardedArray, split as it is."""
+  if value._on_host_executor():  # pylint: disable=protected-access
+    with tf.device(value.placement.devices[0].name):
+      out = op(value._whole_tensor())  # pylint: disable=protected-access
+    return type(value).on_host(out, value.placement, value.shape, out.dtype)
+  return unary(op, value)
 
 
 def unary(op, value):

@@ -458,7 +458,7 @@ class ShardedArray:
   def __copy__(self):
     """A copy on the same devices, split the same way."""
     self._check_alive()
-    return array_ops.unary(tf.identity, self)
+    return array_ops.elementwise(tf.identity, self)
 
   def __deepcopy__(self, memo):
     return self.__copy__()
@@ -499,7 +499,7 @@ class ShardedArray:
 
   def __neg__(self):
     self._check_alive()
-    return array_ops.unary(tf.negative, self)
+    return array_ops.elementwise(tf.negative, self)
 
   def __pos__(self):
     self._check_alive()
@@ -507,7 +507,7 @@ class ShardedArray:
 
   def __abs__(self):
     self._check_alive()
-    return array_ops.unary(tf.abs, self)
+    return array_ops.elementwise(tf.abs, self)
 
   def item(self, *args: int) -> Any:
     """One element as a Python scalar, as `numpy.ndarray.item` gives it.
@@ -538,7 +538,7 @@ class ShardedArray:
   def astype(self, dtype: DTypeLike) -> ShardedArray:
     """The array cast to `dtype`, on the devices."""
     self._check_alive()
-    return array_ops.unary(lambda v: tf.cast(v, dtype), self)
+    return array_ops.elementwise(lambda v: tf.cast(v, dtype), self)
 
   @property
   def T(self) -> ShardedArray:  # pylint: disable=invalid-name
