@@ -10,7 +10,6 @@ first local devices, so pmap takes the arrays with no copy.
 import numpy as np
 
 import tfspmd
-from tfspmd._src.programs import pmap_trace  # pylint: disable=protected-access
 from tfspmd._src.runtime import mesh as mesh_lib  # pylint: disable=protected-access
 from tfspmd._src.runtime import placement as placement_lib  # pylint: disable=protected-access
 
@@ -41,7 +40,7 @@ def placement(devices, rank, split):
   if split:
     spec[0] = dim
   mesh_key = mesh_lib.MeshKey((dim,), (len(devices),), tuple(devices))
-  return pmap_trace.placement_for(mesh_key, tuple(spec))
+  return placement_lib.placement_for(mesh_key, tuple(spec))
 
 
 def place(whole, devices, split):

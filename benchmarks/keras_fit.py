@@ -1,10 +1,10 @@
 """The README's digits example: 8-device training against one-device `fit`.
 
 Each round is a fresh process that runs `examples/train_digits.py`'s
-training both ways, as a user runs it: `data_parallel(model).fit` over the devices
-(its trace, compile and 12 epochs), then Keras' `model.fit` on one device
-from the same weights. Fresh processes, since the first call's trace and
-compile are what a short training run pays. The figures are medians over
+training both ways, as a user runs it: `data_parallel(model).fit` over the
+devices (its trace, first run and 12 epochs), then Keras' `model.fit` on one
+device from the same weights. Fresh processes, since the first call's trace
+and compile are what a short training run pays. The figures are medians over
 the rounds, the two contenders timed in the same process each round; the
 trained models are checked equal (to 1e-5) in every round.
 
@@ -65,7 +65,8 @@ def main(argv=None):
   parallel = statistics.median(p for p, _ in rounds)
   single = statistics.median(s for _, s in rounds)
   ratios = statistics.median(p / s for p, s in rounds)
-  rows = [{"contender": f"data_parallel(model).fit, 8 devices ({options.executor})",
+  rows = [{"contender": (f"data_parallel(model).fit, 8 devices "
+                         f"({options.executor})"),
            "median_s": parallel},
           {"contender": "keras Model.fit, 1 device", "median_s": single},
           {"contender": "ratio (8 devices / 1 device), median of rounds",

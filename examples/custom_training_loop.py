@@ -77,7 +77,7 @@ loss_object = keras.losses.SparseCategoricalCrossentropy(
 
 
 def compute_loss(labels, predictions, model_losses):
-  """The tutorial's loss: the mean over the global batch, plus regularization."""
+  """The tutorial's loss: the global batch's mean, plus regularization."""
   per_example_loss = loss_object(labels, predictions)
   loss = tf.nn.compute_average_loss(per_example_loss)
   if model_losses:
@@ -219,7 +219,8 @@ def run(epochs, steps_per_call):
   loss_difference = max(loss for loss, _ in differences.values())
   weight_difference = max(weight for _, weight in differences.values())
   print(f"largest difference from MirroredStrategy: loss of a step "
-        f"{loss_difference:.1e}, weights {weight_difference:.1e} of the largest weight "
+        f"{loss_difference:.1e}, weights {weight_difference:.1e} of the "
+        f"largest weight "
         f"-> {'the same' if same(differences) else 'NOT the same'} to "
         f"{LOSS_TOLERANCE:.0e} and {WEIGHT_TOLERANCE:.0e}")
   return results, differences

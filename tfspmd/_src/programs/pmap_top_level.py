@@ -252,4 +252,4 @@ def _place_wide(value, placement):
     value = value.numpy()
   return placement_lib.pack_host_array(
       small_values.widen_host(value),
-      pmap_trace.placement_for(placement.mesh_key, (None,)))
+      placement_lib.placement_for(placement.mesh_key, (None,)))

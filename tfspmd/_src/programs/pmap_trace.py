@@ -8,7 +8,6 @@ output on the program's mesh.
 """
 
 import dataclasses
-import functools
 import hashlib
 import time
 
@@ -109,12 +108,6 @@ class Program:
   signature: tuple = ()
   ran: bool = False
   executor: str = selection.DTENSOR
-
-
-@functools.lru_cache(maxsize=4096)
-def placement_for(mesh_key, spec):
-  """Interned `Placement`s, so equal placements compare by identity."""
-  return placement_lib.Placement(mesh_key, spec)
 
 
 def cached_program(options, programs, key, call, values, in_user_graph=False,
@@ -450,7 +443,7 @@ def _laid_out_outputs(signature, state, result, top_dim, traced):
       for split_axis, dim in state.result_splits(
           per_device, axis, top_dim).items():
         spec[split_axis] = dim
-    placement = placement_for(traced.mesh_key, tuple(spec))
+    placement = placement_lib.placement_for(traced.mesh_key, tuple(spec))
     placements.append(placement)
     wide = (signature.lays_out and not signature.in_user_graph and
             small_values.is_small_replicated(spec, value.shape, value.dtype))
@@ -473,7 +466,7 @@ def _laid_out_effects(signature, result, top_dim, traced):
   for value in _effect_values(result.effects):
     # Split over the outermost axis like a mapped output: no device
     # sends its part to another.
-    placement = placement_for(
+    placement = placement_lib.placement_for(
         traced.mesh_key, (top_dim,) + (None,) * (value.shape.rank - 1))
     placements.append(placement)
     outputs.append(_relayout(value, placement.layout) if signature.lays_out
@@ -504,7 +497,7 @@ def _program(signature, state, size, shapes, top_dim, input_wide, program,
       spec[axis] = top_dim
     for original_axis, dim in state.input_splits.get(leaf, {}).items():
       spec[original_axis] = dim
-    input_placements.append(placement_for(mesh_key, tuple(spec)))
+    input_placements.append(placement_lib.placement_for(mesh_key, tuple(spec)))
   mesh = mesh_lib.mesh_for_axes(*mesh_key)
   on_host = signature.executor == selection.HOST
   graph_def = None if on_host else concrete.graph.as_graph_def()

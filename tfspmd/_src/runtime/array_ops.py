@@ -86,7 +86,8 @@ def wrap(value, like):
 
 def binary(op, left, right, like):
   """`op` of the two operands (one of them `like`), on the devices."""
-  if op is not matmul and like._on_host_executor():  # pylint: disable=protected-access
+  on_host_executor = like._on_host_executor()  # pylint: disable=protected-access
+  if op is not matmul and on_host_executor:
     on_host = _elementwise_on_host(op, left, right, like)
     if on_host is not None:
       return on_host

@@ -172,6 +172,12 @@ class ProcessBlock:
     return len(self.held) == math.prod(self.extents)
 
 
+@functools.lru_cache(maxsize=4096)
+def placement_for(mesh_key, spec):
+  """Interned `Placement`s, so equal placements compare by identity."""
+  return Placement(mesh_key, spec)
+
+
 def process_block(grid):
   """The `ProcessBlock` of this process in `grid`, an array of `Device`s."""
   me = devices_lib.process_index()
