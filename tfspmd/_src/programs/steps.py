@@ -78,12 +78,35 @@ def map_steps(fun, steps, *, frame_template, inputs, in_axes, paths,
       raise side_effects.steps_error(steps)
     return result.values[:carry_count], result.values[carry_count:], result
 
-  # The step is traced once, as a function the loop calls: its outputs'
-  # shapes make the per-step output buffers, and XLA compiles it once.
+  state = axis_env.trace_state()
+  loop = (_loop_of_one_trace if state is not None and state.host else
+          _loop_after_a_first_step)
+  carry, buffers, first = loop(one_step, fronted[:carry_count], steps, paths)
+  # [step, device, ...] -> [device, step, ...]: the step axis is the first
+  # per-device axis of each output.
+  stacked = [tf.transpose(b, [1, 0] + list(range(2, b.shape.rank)))
+             for b in buffers]
+  return _apply_out_axes(out_axes, list(carry) + stacked,
+                         inner_axes[:carry_count], first, frame_template[1])
+
+
+def _loop_of_one_trace(one_step, carry, steps, paths):
+  """The loop over the steps, its step traced once, as a function it calls.
+
+  The function's outputs give the shapes of the per-step output buffers,
+  and XLA compiles the step once. For the host executor: DTensor's
+  expansion of a call in a loop whose step reads a variable beside a
+  collective cancels the program (TF 2.21).
+
+  Returns:
+    `(last carry, per-step output buffers [step, device, ...], the step's
+    MappedResult)`.
+  """
+  count = len(carry)
   traced = []
 
-  def flat_step(t, *carry):
-    new_carry, ys, result = one_step(t, list(carry))
+  def flat_step(t, *values):
+    new_carry, ys, result = one_step(t, list(values))
     traced.append(result)
     return list(new_carry) + list(ys)
 
@@ -92,30 +115,50 @@ def map_steps(fun, steps, *, frame_template, inputs, in_axes, paths,
   step_function = tf.function(flat_step, autograph=False).get_concrete_function(
       tf.TensorSpec([], tf.int32, name="step"),
       *[tf.TensorSpec.from_tensor(c, name=f"carry_{k}")
-        for k, c in enumerate(fronted[:carry_count])])
+        for k, c in enumerate(carry)])
   outputs = step_function.outputs
-  _check_carry(outputs[:carry_count], fronted[:carry_count], paths)
+  _check_carry(outputs[:count], carry, paths)
   buffers = [tf.zeros([steps] + y.shape.as_list(), y.dtype)
-             for y in outputs[carry_count:]]
+             for y in outputs[count:]]
+
+  def body(t, carry, buffers):
+    values = step_function(t, *carry)
+    return (t + 1, values[:count],
+            [_write(b, y, t, steps) for b, y in zip(buffers, values[count:])])
+
+  _, carry, buffers = tf.while_loop(
+      lambda t, *_: t < steps, body, (tf.constant(0), carry, buffers))
+  return carry, buffers, traced[0]
+
+
+def _loop_after_a_first_step(one_step, carry, steps, paths):
+  """The loop over the steps, the first step traced before it.
+
+  The first step's outputs give the shapes of the per-step output buffers;
+  the loop traces the step again for the others. For DTensor's executor,
+  which expands the step in the loop's body as it is.
+
+  Returns:
+    As `_loop_of_one_trace`.
+  """
+  new_carry, ys, first = one_step(tf.constant(0), carry)
+  _check_carry(new_carry, carry, paths)
+  buffers = [_write(tf.zeros([steps] + y.shape.as_list(), y.dtype), y, 0,
+                    steps) for y in ys]
 
   def body(t, carry, buffers):
     # Through an Identity: DTensor's mesh propagation cannot follow a loop
     # variable into a loop in the step ("Block argument must be enclosed by
     # a function", TF 2.21), but follows an op's result.
-    values = step_function(tf.identity(t), *[tf.identity(c) for c in carry])
-    new_carry, ys = values[:carry_count], values[carry_count:]
+    new_carry, ys, _ = one_step(tf.identity(t),
+                                [tf.identity(c) for c in carry])
     return (t + 1, new_carry,
             [_write(b, y, t, steps) for b, y in zip(buffers, ys)])
 
-  _, carry, buffers = tf.while_loop(
-      lambda t, *_: t < steps, body,
-      (tf.constant(0), fronted[:carry_count], buffers))
-  # [step, device, ...] -> [device, step, ...]: the step axis is the first
-  # per-device axis of each output.
-  stacked = [tf.transpose(b, [1, 0] + list(range(2, b.shape.rank)))
-             for b in buffers]
-  return _apply_out_axes(out_axes, list(carry) + stacked,
-                         inner_axes[:carry_count], traced[0], frame_template[1])
+  if steps > 1:
+    _, new_carry, buffers = tf.while_loop(
+        lambda t, *_: t < steps, body, (tf.constant(1), new_carry, buffers))
+  return new_carry, buffers, first
 
 
 def _step_slice_tracker(on_slice, inputs, in_axes, carry_count):
