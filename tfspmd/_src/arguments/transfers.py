@@ -209,6 +209,14 @@ def _put(leaf, target, path):
 def _put_sharded(leaf, sharding, path):
   value = arguments.to_array_leaf(leaf, path)
   if isinstance(value, ShardedArray):
+    whole = value._held_on_host()  # pylint: disable=protected-access
+    if whole is not None:
+      # One host tensor: another split is another placement of it, on the
+      # host executor, or its blocks packed onto DTensor's devices.
+      placement = placement_of(sharding, value.shape, path)
+      if value.placement == placement:
+        return value
+      return ShardedArray.from_whole(whole, placement)
     global_value = value.dtensor_value
     placement = placement_of(sharding, global_value.shape, path)
     if value.placement == placement:
